@@ -1,0 +1,86 @@
+"""All of the book's figures: one house style, no experiments inside.
+
+Functions take results (dataclasses or the dicts stored in records) and return a
+matplotlib ``Figure``; they never measure anything themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import matplotlib
+
+matplotlib.use("Agg", force=False)
+import matplotlib.pyplot as plt  # noqa: E402
+
+from memlab.units import UNITS  # noqa: E402
+
+# One colour per memory category, used on every page.
+CATEGORY_COLORS = {
+    "parameters": "#4C72B0",
+    "gradients": "#DD8452",
+    "optimizer_states": "#55A868",
+    "activations": "#C44E52",
+    "temporaries": "#8172B3",
+    "other": "#937860",
+}
+CATEGORY_LABELS = {
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "optimizer_states": "optimizer states",
+    "activations": "activations",
+    "temporaries": "temporaries",
+    "other": "other",
+}
+
+
+def style() -> None:
+    """Apply the book's matplotlib style (chapter: all)."""
+    plt.rcParams.update({
+        "figure.figsize": (7.0, 3.6),
+        "figure.dpi": 110,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "axes.titlesize": 11,
+        "axes.titleweight": "bold",
+        "legend.frameon": False,
+        "font.size": 10,
+    })
+
+
+def _as_dict(result) -> dict:
+    if dataclasses.is_dataclass(result) and not isinstance(result, type):
+        return dataclasses.asdict(result)
+    return dict(result)
+
+
+def step_breakdown(results: dict, unit: str = "GiB", title: str | None = None):
+    """Stacked bars of a training step's memory by category, one bar per labeled result (chapter: 0)."""
+    style()
+    scale = UNITS[unit]
+    labels = list(results)
+    rows = [_as_dict(results[k]) for k in labels]
+    fig, ax = plt.subplots(figsize=(7.0, 0.9 + 0.6 * len(labels)))
+    left = [0.0] * len(labels)
+    for cat, color in CATEGORY_COLORS.items():
+        vals = [row.get(f"{cat}_bytes", 0) / scale for row in rows]
+        if not any(vals):
+            continue
+        ax.barh(labels, vals, left=left, color=color, label=CATEGORY_LABELS[cat])
+        left = [a + b for a, b in zip(left, vals, strict=True)]
+    for i, row in enumerate(rows):
+        peak = row.get("peak_bytes")
+        if peak:
+            ax.annotate(f"peak {peak / scale:,.2f} {unit}", (left[i], i), xytext=(4, 0),
+                        textcoords="offset points", va="center", fontsize=9)
+    ax.set_xlabel(f"bytes at the peak of the step ({unit})")
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(left) * 1.3 if max(left) > 0 else 1)
+    ax.legend(ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(labels) < 3 else -0.2))
+    ax.grid(axis="y", visible=False)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig

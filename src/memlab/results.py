@@ -1,0 +1,162 @@
+"""Recorded runs: JSON files with the result and the provenance that produced it.
+
+A record is what lets a page show a GPU number that this machine did not measure:
+``results/<experiment>/<scale>-<device-slug>.json`` holds the experiment's result
+dataclass as a dict and where, when and how it was produced (device, versions,
+date, command, git commit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from memlab.device import device_memory_bytes, device_name, pick_device
+
+RESULTS_DIR_ENV = "MEMLAB_RESULTS_DIR"
+
+
+def results_dir() -> Path:
+    """Folder of recorded runs: ``$MEMLAB_RESULTS_DIR`` or the repository's ``results/`` (chapter: all)."""
+    env = os.environ.get(RESULTS_DIR_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "results"
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def provenance(device: torch.device | None = None, command: str | None = None) -> dict:
+    """Where, when and how a result was produced: device, versions, date, command (chapter: all)."""
+    from memlab import __version__
+
+    device = device or pick_device()
+    return {
+        "device": device.type,
+        "device_name": device_name(device),
+        "device_memory_bytes": device_memory_bytes(device),
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda if device.type == "cuda" else None,
+        "python_version": platform.python_version(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "memlab_version": __version__,
+        "git_commit": _git_commit(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command or " ".join(shlex.quote(a) for a in sys.argv),
+    }
+
+
+def _jsonable(obj):
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (torch.dtype, torch.device)):
+        return str(obj)
+    if isinstance(obj, float) and obj != obj:  # NaN is not JSON
+        return None
+    return obj
+
+
+@dataclass(frozen=True)
+class Record:
+    """One stored run of an experiment: its result (as a dict) and its provenance."""
+
+    experiment: str
+    scale: str
+    result: dict
+    provenance: dict
+    path: Path | None = field(default=None, compare=False)
+
+    @property
+    def label(self) -> str:
+        """``'recorded on NVIDIA H100 80GB HBM3, 2026-11-22'`` or ``'measured here on CPU: …'``."""
+        day = str(self.provenance.get("date", ""))[:10]
+        return f"recorded on {self.provenance.get('device_name', '?')}, {day}"
+
+    def to_json(self) -> str:
+        body = {
+            "experiment": self.experiment,
+            "scale": self.scale,
+            "result": self.result,
+            "provenance": self.provenance,
+        }
+        return json.dumps(body, indent=2, sort_keys=False) + "\n"
+
+
+def make_record(experiment: str, scale: str, result, *, device=None, command=None) -> Record:
+    """Wrap an experiment's result dataclass with its provenance (chapter: all)."""
+    return Record(
+        experiment=experiment,
+        scale=scale,
+        result=_jsonable(result),
+        provenance=provenance(device, command),
+    )
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
+
+
+def save_record(record: Record, out_dir: str | Path | None = None) -> Path:
+    """Write a record to ``<out_dir>/<experiment>/<scale>-<device>.json`` and return the path (chapter: all)."""
+    out_dir = Path(out_dir) if out_dir is not None else results_dir()
+    dev = record.provenance.get("device_name") or record.provenance.get("device", "device")
+    path = out_dir / record.experiment / f"{record.scale}-{_slug(dev)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(record.to_json())
+    return path
+
+
+def load_record(path: str | Path) -> Record:
+    """Read one record file (chapter: all)."""
+    path = Path(path)
+    body = json.loads(path.read_text())
+    return Record(
+        experiment=body["experiment"],
+        scale=body["scale"],
+        result=body["result"],
+        provenance=body["provenance"],
+        path=path,
+    )
+
+
+def load_records(experiment: str, results: str | Path | None = None) -> list[Record]:
+    """All stored records of an experiment, newest first (chapter: all)."""
+    folder = (Path(results) if results is not None else results_dir()) / experiment
+    records = [load_record(p) for p in sorted(folder.glob("*.json"))]
+    return sorted(records, key=lambda r: str(r.provenance.get("date", "")), reverse=True)
+
+
+def recorded(experiment: str, *, device: str = "cuda", scale: str | None = "full",
+             results: str | Path | None = None) -> Record | None:
+    """The newest record of an experiment on a device type (``'cuda'``), or ``None`` (chapter: all)."""
+    for rec in load_records(experiment, results):
+        if rec.provenance.get("device") == device and (scale is None or rec.scale == scale):
+            return rec
+    return None

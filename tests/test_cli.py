@@ -1,0 +1,74 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from memlab.cli import main
+
+
+def _one_line_error(capsys, argv, *needles):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memlab: error: ") and err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_unknown_experiment(capsys):
+    _one_line_error(capsys, ["run", "nope"], "'nope'", "step-memory", "trace-7b")
+
+
+def test_bad_scale(capsys):
+    _one_line_error(capsys, ["run", "step-memory", "--scale", "huge"], "'huge'", "ci, full")
+
+
+def test_bad_scale_from_environment(capsys, monkeypatch):
+    monkeypatch.setenv("MEMLAB_SCALE", "medium")
+    _one_line_error(capsys, ["run", "step-memory"], "'medium'", "ci, full")
+
+
+def test_unknown_command_and_missing_argument(capsys):
+    _one_line_error(capsys, ["frobnicate"], "'frobnicate'", "env", "list", "run")
+    _one_line_error(capsys, ["run"], "experiment")
+
+
+def test_list_and_env(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "step-memory" in out and "trace-7b" in out
+    assert main(["env"]) == 0
+    assert "scale" in capsys.readouterr().out
+
+
+def test_python_dash_m_exit_code():
+    proc = subprocess.run([sys.executable, "-m", "memlab", "run", "nope"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "memlab: error: unknown experiment 'nope'; accepted: step-memory, trace-7b"
+    ]
+    assert proc.stdout == ""
+
+
+def test_run_writes_record_with_provenance(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MEMLAB_DEVICE", "cpu")
+    assert main(["run", "step-memory", "--scale", "ci", "--out", str(tmp_path), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    files = list((tmp_path / "step-memory").glob("ci-*.json"))
+    assert len(files) == 1
+    body = json.loads(files[0].read_text())
+    assert body == printed
+    prov = body["provenance"]
+    for key in ("device", "device_name", "torch_version", "cuda_version", "date", "command"):
+        assert key in prov
+    assert prov["device"] == "cpu"
+    assert prov["command"].startswith("python -m memlab run step-memory")
+    assert body["result"]["peak_bytes"] > 0
+    assert body["result"]["mode"] == "measured"
+
+
+@pytest.mark.parametrize("scale", ["ci"])
+def test_trace_experiment_runs(scale, capsys):
+    assert main(["run", "trace-7b", "--scale", scale]) == 0
+    assert "trace-7b at scale ci" in capsys.readouterr().out

@@ -1,0 +1,43 @@
+import json
+from dataclasses import dataclass
+
+import torch
+
+from memlab.results import load_records, make_record, recorded, save_record
+
+
+@dataclass(frozen=True)
+class Toy:
+    peak_bytes: int
+    dtype: torch.dtype
+    per_phase: dict
+
+
+def test_record_round_trip(tmp_path):
+    rec = make_record("toy", "ci", Toy(123, torch.float32, {"fwd": 1}), command="python -m memlab x")
+    path = save_record(rec, tmp_path)
+    assert path.parent.name == "toy" and path.name.startswith("ci-")
+    body = json.loads(path.read_text())
+    assert body["result"] == {"peak_bytes": 123, "dtype": "torch.float32", "per_phase": {"fwd": 1}}
+    assert body["provenance"]["command"] == "python -m memlab x"
+    (loaded,) = load_records("toy", tmp_path)
+    assert loaded.result == rec.result and loaded.provenance == rec.provenance
+
+
+def test_recorded_picks_newest_gpu_record(tmp_path):
+    def write(name, device, date):
+        folder = tmp_path / "exp"
+        folder.mkdir(exist_ok=True)
+        (folder / name).write_text(json.dumps({
+            "experiment": "exp", "scale": "full", "result": {"v": name},
+            "provenance": {"device": device, "device_name": f"{device} X", "date": date},
+        }))
+
+    assert recorded("exp", results=tmp_path) is None
+    write("a.json", "cuda", "2026-01-01T00:00:00+00:00")
+    write("b.json", "cuda", "2026-03-01T00:00:00+00:00")
+    write("c.json", "cpu", "2026-05-01T00:00:00+00:00")
+    rec = recorded("exp", results=tmp_path)
+    assert rec.result == {"v": "b.json"}
+    assert rec.label == "recorded on cuda X, 2026-03-01"
+    assert recorded("exp", device="mps", results=tmp_path) is None
