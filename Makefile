@@ -9,7 +9,6 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export MEMLAB_SCALE ?= ci
 export PYTHONHASHSEED := 0
-export MPLBACKEND := Agg
 TIMINGS := _build/timings.txt
 
 .PHONY: setup book test lint unit nbval labs browser student chromium freeze clean

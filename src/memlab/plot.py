@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import matplotlib
+import matplotlib.pyplot as plt
 
-matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
-
-from memlab.units import UNITS  # noqa: E402
+from memlab.units import UNITS
 
 # One colour per memory category, used on every page.
 CATEGORY_COLORS = {
