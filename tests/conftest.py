@@ -1,0 +1,85 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Headless Chromium with nothing of its own going to the network.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def require_or_skip(reason: str) -> None:
+    """Skip, or fail when MEMLAB_REQUIRE_HTML=1 (the `make test` path) demands the check."""
+    if os.environ.get("MEMLAB_REQUIRE_HTML") == "1":
+        pytest.fail(f"{reason} (MEMLAB_REQUIRE_HTML=1 forbids skipping)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def built_html() -> Path:
+    """The built book: _build/html, or the folder named by MEMLAB_HTML_DIR."""
+    html = Path(os.environ.get("MEMLAB_HTML_DIR", REPO_ROOT / "_build" / "html")).resolve()
+    if not (html / "index.html").is_file():
+        require_or_skip(
+            f"no built book at {html}/index.html; build it first with "
+            "`.venv/bin/jupyter-book build . -n -W --keep-going`"
+        )
+    return html
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture(scope="session")
+def html_server(built_html: Path) -> Iterator[str]:
+    """Serve the built book on 127.0.0.1 (a free port); yields the base URL ending in '/'."""
+    handler = functools.partial(_QuietHandler, directory=str(built_html))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture(scope="session")
+def chromium_browser() -> Iterator[object]:
+    """A headless Chromium (playwright), from MEMLAB_CHROMIUM, PATH or /usr/bin/chromium."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        require_or_skip("playwright is not installed (pip install playwright)")
+    path = os.environ.get("MEMLAB_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    if not os.access(path, os.X_OK):
+        require_or_skip(
+            f"Chromium not found ({path}); install it with `apt-get install chromium` "
+            "(Debian/Ubuntu, as root), or set MEMLAB_CHROMIUM to a Chromium binary"
+        )
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
