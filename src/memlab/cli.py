@@ -41,14 +41,14 @@ def _build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _cmd_run(args) -> int:
+def _cmd_run(args, argv: list[str]) -> int:
     from memlab.device import SCALES
     from memlab.experiments import get_experiment, run_experiment
 
     get_experiment(args.experiment)  # validate before any work
     if args.scale is not None:
         check_choice("scale", args.scale, SCALES)
-    command = "python -m memlab " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = "python -m memlab " + " ".join(shlex.quote(a) for a in argv)
     result, record, path = run_experiment(args.experiment, args.scale, args.out, command=command)
     if args.json:
         print(record.to_json(), end="")
@@ -63,6 +63,7 @@ def _cmd_run(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``memlab`` command; returns the exit code (chapter: all)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = _build_parser().parse_args(argv)
         if args.command == "env":
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:<{width}}  {EXPERIMENTS[name].summary}")
             return 0
         if args.command == "run":
-            return _cmd_run(args)
+            return _cmd_run(args, argv)
         _build_parser().print_help()
         return 0
     except MemlabError as exc:
