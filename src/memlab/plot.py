@@ -54,12 +54,12 @@ def _as_dict(result) -> dict:
 
 
 def step_breakdown(results: dict, unit: str = "GiB", title: str | None = None):
-    """Stacked bars of a training step's memory by category, one bar per labeled result (chapter: 0)."""
+    """Stacked bars of memory by category, one bar per labeled result, total at its end (chapter: 0)."""
     style()
     scale = UNITS[unit]
     labels = list(results)
     rows = [_as_dict(results[k]) for k in labels]
-    fig, ax = plt.subplots(figsize=(7.0, 0.9 + 0.6 * len(labels)))
+    fig, ax = plt.subplots(figsize=(8.0, 1.2 + 0.55 * len(labels)))
     left = [0.0] * len(labels)
     for cat, color in CATEGORY_COLORS.items():
         vals = [row.get(f"{cat}_bytes", 0) / scale for row in rows]
@@ -67,17 +67,24 @@ def step_breakdown(results: dict, unit: str = "GiB", title: str | None = None):
             continue
         ax.barh(labels, vals, left=left, color=color, label=CATEGORY_LABELS[cat])
         left = [a + b for a, b in zip(left, vals, strict=True)]
-    for i, row in enumerate(rows):
-        peak = row.get("peak_bytes")
-        if peak:
-            ax.annotate(f"peak {peak / scale:,.2f} {unit}", (left[i], i), xytext=(4, 0),
-                        textcoords="offset points", va="center", fontsize=9)
-    ax.set_xlabel(f"bytes at the peak of the step ({unit})")
+    for i, total in enumerate(left):
+        ax.annotate(f"{total:,.2f} {unit}", (total, i), xytext=(4, 0),
+                    textcoords="offset points", va="center", fontsize=9)
+    ax.set_xlabel(f"bytes alive ({unit})")
     ax.invert_yaxis()
-    ax.set_xlim(0, max(left) * 1.3 if max(left) > 0 else 1)
-    ax.legend(ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(labels) < 3 else -0.2))
+    ax.set_xlim(0, max(left) * 1.2 if max(left) > 0 else 1)
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
     ax.grid(axis="y", visible=False)
     if title:
         ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def step_phases(step, unit: str | None = None, title: str | None = None):
+    """One stacked bar per phase of a step (forward, backward, optimizer) at that phase's peak (chapter: 0)."""
+    d = _as_dict(step)
+    rows = {f"{phase} peak": {f"{c}_bytes": v for c, v in cats.items()}
+            for phase, cats in d["phase_breakdown"].items()}
+    unit = unit or ("GiB" if d["peak_bytes"] >= 2**30 else "MiB")
+    return step_breakdown(rows, unit=unit, title=title)

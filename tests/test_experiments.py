@@ -1,0 +1,47 @@
+import pytest
+import torch
+
+import memlab.experiments as ex
+from memlab.errors import MemlabError
+
+
+def test_registry_names_chapters_and_sizes():
+    assert set(ex.EXPERIMENTS) == {"step-memory", "trace-7b"}
+    for exp in ex.EXPERIMENTS.values():
+        assert set(exp.sizes) == {"ci", "full"}
+        assert exp.chapter.startswith("chapters/")
+
+
+def test_get_experiment_rejects_unknown_name():
+    with pytest.raises(MemlabError, match="unknown experiment 'x'; accepted: step-memory, trace-7b"):
+        ex.get_experiment("x")
+
+
+def test_refuse_before_allocating(monkeypatch):
+    monkeypatch.setattr(ex, "device_memory_bytes", lambda device: 16 * 2**30)  # a T4
+    ex.refuse_if_too_big(10 * 2**30, torch.device("cuda"), "a step")  # fits: no error
+    with pytest.raises(MemlabError, match=r"a step needs about 125\.5 GiB .* 16\.0 GiB"):
+        ex.refuse_if_too_big(int(125.5 * 2**30), torch.device("cuda"), "a step")
+
+
+def test_step_memory_refuses_on_small_gpu_without_allocating(monkeypatch):
+    """On a (pretend) 1 GiB GPU the full-scale step is traced, found too big, and refused."""
+    monkeypatch.setattr(ex, "pick_device", lambda: torch.device("cuda"))
+    monkeypatch.setattr(ex, "device_memory_bytes", lambda device: 2**30)
+    monkeypatch.setattr("memlab.measure.measure_step", lambda *a, **k: pytest.fail("allocated"))
+    with pytest.raises(MemlabError, match="a gpt2 training step needs about"):
+        ex.step_memory("full")
+
+
+def test_step_memory_ci_scale_measures_tiny_model(monkeypatch):
+    monkeypatch.setenv("MEMLAB_DEVICE", "cpu")
+    step = ex.step_memory("ci")
+    assert step.mode == "measured" and step.setup["model"] == "tiny"
+    assert step.parameters_bytes == 4 * step.setup["parameters"]
+
+
+def test_run_experiment_returns_record(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMLAB_DEVICE", "cpu")
+    result, record, path = ex.run_experiment("step-memory", "ci", tmp_path, command="test")
+    assert path.is_file() and record.result["peak_bytes"] == result.peak_bytes
+    assert record.provenance["command"] == "test"
