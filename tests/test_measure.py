@@ -52,6 +52,20 @@ def test_cpu_profiler_counts_a_temporary_freed_before_return():
     assert 0 <= peak.end_allocated_bytes < 1024  # only the 0-d result survives
 
 
+def test_cpu_profiler_sees_scratch_allocated_inside_one_kernel():
+    """median() returns one value, but its CPU kernel first copies the whole input.
+
+    The copy never leaves the kernel, so a dispatch-level tracker (what MemTracker is)
+    sees only the 4-byte output; the profiler's allocator events see the copy too.
+    """
+    x = torch.randn(1_000_000)
+    _, peak = measure_peak(x.median, device="cpu", method="cpu-profiler")
+    _, seen_by_dispatch = measure_peak(x.median, device="cpu", method="dispatch")
+    assert peak.peak_allocated_bytes == 4_000_000 + 4  # the kernel's copy of x + the result
+    assert seen_by_dispatch.peak_allocated_bytes == 4  # only the op's output
+    assert peak.end_allocated_bytes == 4
+
+
 def test_cpu_profiler_counts_nothing_for_an_empty_call():
     _, peak = measure_peak(lambda: None, device="cpu")
     assert peak.peak_allocated_bytes == 0  # the profiler's own set-up is not counted
