@@ -71,7 +71,8 @@ def chromium_browser() -> Iterator[object]:
         from playwright.sync_api import sync_playwright
     except ImportError:
         require_or_skip("playwright is not installed (pip install playwright)")
-    path = os.environ.get("MEMLAB_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    path = (os.environ.get("MEMLAB_CHROMIUM") or shutil.which("chromium")
+            or shutil.which("chromium-browser") or "/usr/bin/chromium")
     if not os.access(path, os.X_OK):
         require_or_skip(
             f"Chromium not found ({path}); install it with `apt-get install chromium` "

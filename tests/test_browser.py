@@ -24,6 +24,7 @@ MEMLAB_HTML_DIR points it at another build; MEMLAB_CHROMIUM at another browser b
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import urllib.error
@@ -178,7 +179,20 @@ class LinkChecker:
         return None
 
 
-def _check_page(browser, url: str, rel: str, links: LinkChecker, shots: Path) -> list[str]:
+def _notebook_figures(html_root: Path, rel: str) -> int | None:
+    """Figures (PNG/JPEG/SVG outputs) stored in the notebook a page was built from, if any."""
+    source = html_root.parent.parent / (rel[: -len(".html")] + ".ipynb")
+    if not source.is_file():
+        return None
+    cells = json.loads(source.read_text()).get("cells", [])
+    return sum(
+        any(k in out.get("data", {}) for k in ("image/png", "image/jpeg", "image/svg+xml"))
+        for cell in cells for out in cell.get("outputs", [])
+    )
+
+
+def _check_page(browser, url: str, rel: str, links: LinkChecker, shots: Path,
+                figures: int | None = None) -> list[str]:
     """Everything wrong with one page, as a first-time visitor sees it (fresh context)."""
     problems: list[str] = []
     offsite: list[str] = []  # requests aimed anywhere but the local server
@@ -221,6 +235,10 @@ def _check_page(browser, url: str, rel: str, links: LinkChecker, shots: Path) ->
                 f"image did not render: {bad['src'] or '(no src)'} "
                 f"(complete={bad['complete']}, naturalWidth={bad['width']})"
             )
+        if figures is not None:  # every figure the notebook made is on the page
+            shown = page.locator('img[src*="_images/"]').count()
+            if shown < figures:
+                problems.append(f"{figures} figure(s) in the notebook, {shown} on the page")
         for svg in page.evaluate(JS_EMPTY_SVG):
             problems.append(f"inline SVG output has no size: {svg}")
 
@@ -288,7 +306,8 @@ def test_book_pages_render_offline(built_html: Path, html_server: str, chromium_
             if issue:
                 report.append(f"{rel}: redirect {issue}")
             continue
-        problems = _check_page(chromium_browser, html_server + rel, rel, links, shots)
+        problems = _check_page(chromium_browser, html_server + rel, rel, links, shots,
+                               _notebook_figures(built_html, rel))
         report.extend(f"{rel}: {p}" for p in problems)
         loaded += 1
     elapsed = time.perf_counter() - start

@@ -30,7 +30,7 @@ def test_bad_scale_from_environment(capsys, monkeypatch):
 
 def test_unknown_command_and_missing_argument(capsys):
     _one_line_error(capsys, ["frobnicate"], "'frobnicate'", "env", "list", "run")
-    _one_line_error(capsys, ["run"], "experiment")
+    _one_line_error(capsys, ["run"], "run needs an experiment; accepted: step-memory, trace-7b")
 
 
 def test_list_and_env(capsys):
@@ -72,3 +72,28 @@ def test_run_writes_record_with_provenance(tmp_path, capsys, monkeypatch):
 def test_trace_experiment_runs(scale, capsys):
     assert main(["run", "trace-7b", "--scale", scale]) == 0
     assert "trace-7b at scale ci" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("out, message", [
+    ("", "--out needs a folder name"),
+    ("/proc/forbidden", "cannot create the --out folder '/proc/forbidden'"),
+    ("/dev/null", "cannot create the --out folder '/dev/null'"),
+])
+def test_bad_out_folder_is_refused_before_running(capsys, monkeypatch, out, message):
+    monkeypatch.setattr("memlab.experiments.run_experiment",
+                        lambda *a, **k: pytest.fail("the experiment ran"))
+    _one_line_error(capsys, ["run", "step-memory", "--out", out], message)
+
+
+def test_scale_is_case_insensitive_everywhere(capsys, monkeypatch):
+    from memlab.errors import MemlabError
+
+    seen = {}
+
+    def fake_run(name, scale, out, command):
+        seen["scale"] = scale
+        raise MemlabError("stopped before running")
+
+    monkeypatch.setattr("memlab.experiments.run_experiment", fake_run)
+    _one_line_error(capsys, ["run", "step-memory", "--scale", "CI"], "stopped before running")
+    assert seen["scale"] == "ci"

@@ -150,10 +150,14 @@ def test_cuda_allocator_path_with_simulated_counters(monkeypatch):
     def step():
         fake.alloc(3 * 2**20)
         fake.free(2 * 2**20)
-        return "done"
+        # The default device that torch.empty(n) would allocate on, inside the call.
+        from torch.utils._device import DeviceContext
+
+        modes = torch.overrides._get_current_function_mode_stack()
+        return [m.device for m in modes if isinstance(m, DeviceContext)][-1]
 
     result, peak = measure_peak(step, device="cuda")
-    assert result == "done"
+    assert result.type == "cuda"  # fn runs with the measured device as its default
     assert (peak.device, peak.method) == ("cuda", "cuda-allocator")
     assert peak.peak_allocated_bytes == 3 * 2**20  # the stale peak before the call is reset
     assert peak.end_allocated_bytes == 2**20

@@ -148,3 +148,48 @@ def test_bad_overrides_and_shapes():
 
 def test_every_preset_is_tested():
     assert set(PRESETS) == set(PUBLISHED) | {"tiny", "tiny-gpt2"}
+
+
+def test_rope_preserves_norms_and_depends_on_relative_position():
+    from memlab.models import apply_rope, rope_cache
+
+    hs, T = 16, 12
+    cos, sin = rope_cache(T, hs, 10000.0)
+    q = torch.randn(1, 1, 1, hs).expand(1, 1, T, hs)  # the same vector at every position
+    k = torch.randn(1, 1, 1, hs).expand(1, 1, T, hs)
+    rq, rk = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))  # a rotation keeps lengths
+    scores = (rq @ rk.transpose(-2, -1))[0, 0]  # (T, T)
+    # <q at i, k at j> depends only on i - j: each diagonal is constant.
+    for offset in range(-T + 1, T):
+        diag = scores.diagonal(offset)
+        torch.testing.assert_close(diag, diag[0].expand_as(diag), rtol=1e-4, atol=1e-4)
+
+
+def test_hf_configs_this_model_cannot_express_are_refused(tmp_path):
+    path = tmp_path / "config.json"
+    base = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100}
+    path.write_text(json.dumps(dict(base, head_dim=32)))
+    with pytest.raises(MemlabError, match="head_dim 32"):
+        get_config(str(path))
+    path.write_text(json.dumps(dict(base, attention_bias=True)))
+    with pytest.raises(MemlabError, match="biases"):
+        get_config(str(path))
+    path.write_text(json.dumps(dict(base, model_type="qwen2")))
+    with pytest.raises(MemlabError, match="model_type 'qwen2'"):
+        get_config(str(path))
+
+
+def test_config_type_errors_are_one_line():
+    with pytest.raises(MemlabError, match="n_kv_head"):
+        get_config("tiny", n_kv_head="2")
+    with pytest.raises(MemlabError, match="d_ff must be a positive integer"):
+        get_config("tiny", d_ff=0)
+    with pytest.raises(MemlabError, match="dtype must be a torch.dtype"):
+        build_model("tiny", dtype="bf16")
+
+
+def test_tiny_preset_is_pinned():
+    assert get_config("tiny").num_parameters() == 158_016
+    assert count_parameters(build_model("tiny-gpt2", device="meta")) == 141_056

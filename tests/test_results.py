@@ -41,3 +41,24 @@ def test_recorded_picks_newest_gpu_record(tmp_path):
     assert rec.result == {"v": "b.json"}
     assert rec.label == "recorded on cuda X, 2026-03-01"
     assert recorded("exp", device="mps", results=tmp_path) is None
+
+
+def test_results_dir_default_and_override(monkeypatch, tmp_path):
+    from memlab.results import results_dir
+
+    monkeypatch.delenv("MEMLAB_RESULTS_DIR", raising=False)
+    assert results_dir().name == "results" and (results_dir() / "README.md").is_file()
+    monkeypatch.setenv("MEMLAB_RESULTS_DIR", str(tmp_path))
+    assert results_dir() == tmp_path
+
+
+def test_save_record_reports_unwritable_folder(tmp_path):
+    import pytest
+
+    from memlab.errors import MemlabError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    rec = make_record("toy", "ci", {"v": 1}, command="x")
+    with pytest.raises(MemlabError, match="cannot write the record"):
+        save_record(rec, blocker)

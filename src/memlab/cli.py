@@ -14,8 +14,9 @@ import json
 import os
 import shlex
 import sys
+from pathlib import Path
 
-from memlab.errors import MemlabError, check_choice
+from memlab.errors import MemlabError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,20 +35,37 @@ def _build_parser() -> argparse.ArgumentParser:
     sub.add_parser("env", help="print the device, versions and scale")
     sub.add_parser("list", help="list the experiments")
     run = sub.add_parser("run", help="run an experiment and store its record")
-    run.add_argument("experiment", help=f"one of: {', '.join(sorted(EXPERIMENTS))}")
+    run.add_argument("experiment", nargs="?", help=f"one of: {', '.join(sorted(EXPERIMENTS))}")
     run.add_argument("--scale", default=None, help=f"one of: {', '.join(SCALES)} (default: by device)")
     run.add_argument("--out", default=None, help="folder to write the JSON record to (e.g. results/)")
     run.add_argument("--json", action="store_true", help="print the record as JSON")
     return p
 
 
-def _cmd_run(args, argv: list[str]) -> int:
-    from memlab.device import SCALES
-    from memlab.experiments import get_experiment, run_experiment
+def _writable_folder(out: str) -> str:
+    """Create ``out`` if needed and check it can be written, before any experiment runs."""
+    if not out.strip():
+        raise MemlabError("--out needs a folder name, got ''")
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MemlabError(f"cannot create the --out folder {out!r}: {exc.strerror}") from None
+    if not path.is_dir() or not os.access(path, os.W_OK):
+        raise MemlabError(f"--out {out!r} is not a writable folder")
+    return out
 
+
+def _cmd_run(args, argv: list[str]) -> int:
+    from memlab.device import get_scale
+    from memlab.experiments import EXPERIMENTS, get_experiment, run_experiment
+
+    if args.experiment is None:
+        raise MemlabError(f"run needs an experiment; accepted: {', '.join(sorted(EXPERIMENTS))}")
     get_experiment(args.experiment)  # validate before any work
-    if args.scale is not None:
-        check_choice("scale", args.scale, SCALES)
+    args.scale = get_scale(args.scale) if args.scale is not None else None
+    if args.out is not None:
+        _writable_folder(args.out)
     command = "python -m memlab " + " ".join(shlex.quote(a) for a in argv)
     result, record, path = run_experiment(args.experiment, args.scale, args.out, command=command)
     if args.json:

@@ -114,6 +114,7 @@ class EnvReport:
     bf16_supported: bool
 
     def as_dict(self) -> dict:
+        """The report as a plain dict, as stored in a record's provenance (chapter: all)."""
         return asdict(self)
 
     def __str__(self) -> str:
@@ -141,8 +142,8 @@ class EnvReport:
 
 
 def _bf16_supported(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return bool(torch.cuda.is_bf16_supported())
+    if device.type == "cuda":  # bf16 tensor cores from Ampere (compute capability 8.0) on
+        return torch.cuda.get_device_capability(device) >= (8, 0)
     return device.type in ("cpu", "mps")
 
 

@@ -10,7 +10,7 @@ class MemlabError(ValueError):
 
 
 def check_choice(what: str, value, accepted: Iterable[str]) -> str:
-    """Return ``value`` if it is one of ``accepted``, else raise a one-line :class:`MemlabError`."""
+    """Return ``value`` if it is one of ``accepted``, else raise a one-line :class:`MemlabError` (chapter: all)."""
     accepted = tuple(accepted)
     if value not in accepted:
         raise MemlabError(f"unknown {what} {value!r}; accepted: {', '.join(accepted)}")
@@ -18,14 +18,14 @@ def check_choice(what: str, value, accepted: Iterable[str]) -> str:
 
 
 def check_positive_int(what: str, value) -> int:
-    """Return ``value`` as an int if it is a positive integer, else raise :class:`MemlabError`."""
+    """Return ``value`` if it is a positive integer, else raise a one-line :class:`MemlabError` (chapter: all)."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise MemlabError(f"{what} must be a positive integer, got {value!r}")
     return value
 
 
 def require(package: str, purpose: str, extra: str | None = None):
-    """Import an optional package or raise a one-line error saying how to install it."""
+    """Import an optional package, or raise a one-line error saying how to install it (chapter: 3)."""
     import importlib
 
     try:

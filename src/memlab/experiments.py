@@ -80,7 +80,7 @@ def step_memory(scale: str | None = None, *, precision: str = "fp32", optimizer:
     device = pick_device()
     kwargs = dict(batch_size=size["batch_size"], seq_len=size["seq_len"],
                   precision=precision, optimizer=optimizer)
-    if device.type != "cpu":  # trace first, so an oversized run is refused before it allocates
+    if scale == "full" or device.type != "cpu":  # trace first: refuse before allocating
         traced = trace_step(size["model"], **kwargs)
         refuse_if_too_big(traced.peak_bytes, device, f"a {size['model']} training step")
     return measure_step(size["model"], device=device, **kwargs)

@@ -78,7 +78,9 @@ def measure_peak(
 
     ``method='auto'`` picks ``'cuda-allocator'`` on CUDA, ``'cpu-profiler'`` on CPU and
     ``'dispatch'`` elsewhere; ``'dispatch'`` works on every device. ``device`` and
-    ``method`` are taken by this function, so ``fn`` cannot receive arguments of those names.
+    ``method`` are taken by this function, so ``fn`` cannot receive arguments of those names;
+    instead ``fn`` runs with ``device`` as the default device, so ``measure_peak(torch.empty,
+    n, device="cuda")`` allocates on the GPU.
     """
     if not callable(fn):
         raise MemlabError(f"measure_peak needs a callable, got {fn!r}")
@@ -99,7 +101,8 @@ def measure_peak(
     gc.collect()  # garbage from earlier cells must not be freed inside the measured call
     run = {"cuda-allocator": _peak_cuda, "cpu-profiler": _peak_cpu_profiler,
            "dispatch": _peak_dispatch}[method]
-    result, peak, reserved, end = run(dev, fn, args, kwargs)
+    with torch.device(dev):  # factory calls inside fn allocate on the measured device
+        result, peak, reserved, end = run(dev, fn, args, kwargs)
     return result, PeakMemory(
         device=dev.type,
         method=method,
@@ -336,6 +339,7 @@ class StepMemory:
     device: str  # where the tensors live ('cpu' when traced: fake CPU tensors)
     setup: dict  # TrainSetup.as_dict(): model, parameters, batch_size, seq_len, ...
     phase_breakdown: dict[str, dict[str, int]] = field(default_factory=dict)  # categories at each phase's peak
+    saved_activations_bytes: int = 0  # activations alive at the end of the forward pass, for backward
     # CUDA only: the allocator's peaks in the recorded step, above what was allocated (reserved)
     # before the model was built; a cross-check of peak_bytes that also sees kernel workspaces.
     allocator_peak_bytes: int | None = None
@@ -491,6 +495,7 @@ def _iteration(setup, device, model, optimizer, idx, targets, tracker, phase_sna
     def phase_done(name: str) -> None:
         if phase_snaps is not None:
             phase_snaps[name] = tracker.bytes_on(device, "peak")
+            phase_snaps[f"{name}:end"] = tracker.bytes_on(device, "current")
         tracker.restart_peak()
 
     tracker.restart_peak()
@@ -548,7 +553,8 @@ def _run_step(setup: TrainSetup, *, device: torch.device, traced: bool, seed: in
                 allocator_peak = torch.cuda.max_memory_allocated(device) - start_allocated
                 allocator_reserved = torch.cuda.max_memory_reserved(device) - start_reserved
 
-    breakdown = {p: _categories(snap, optimizer_states) for p, snap in phase_snaps.items()}
+    breakdown = {p: _categories(phase_snaps[p], optimizer_states) for p in PHASES}
+    saved = phase_snaps["forward:end"]["ACT"]
     phase_peak = {p: phase_snaps[p]["Total"] for p in PHASES}
     peak_phase = max(PHASES, key=lambda p: phase_peak[p])  # the earliest phase on a tie
     at_peak = breakdown[peak_phase]
@@ -561,6 +567,7 @@ def _run_step(setup: TrainSetup, *, device: torch.device, traced: bool, seed: in
         device=device.type,
         setup=setup.as_dict(),
         phase_breakdown=breakdown,
+        saved_activations_bytes=saved,
         allocator_peak_bytes=int(allocator_peak) if cuda else None,
         allocator_reserved_bytes=int(allocator_reserved) if cuda else None,
     )

@@ -51,11 +51,18 @@ class ModelConfig:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise MemlabError(f"model config {f} must be a positive integer, got {v!r}")
+        if self.d_ff is not None and (
+            isinstance(self.d_ff, bool) or not isinstance(self.d_ff, int) or self.d_ff <= 0
+        ):
+            raise MemlabError(f"model config d_ff must be a positive integer, got {self.d_ff!r}")
         if self.d_model % self.n_head:
             raise MemlabError(
                 f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})"
             )
-        if self.n_kv_head is not None and (self.n_kv_head <= 0 or self.n_head % self.n_kv_head):
+        if self.n_kv_head is not None and (
+            isinstance(self.n_kv_head, bool) or not isinstance(self.n_kv_head, int)
+            or self.n_kv_head <= 0 or self.n_head % self.n_kv_head
+        ):
             raise MemlabError(
                 f"n_kv_head ({self.n_kv_head}) must be a positive divisor of n_head ({self.n_head})"
             )
@@ -63,14 +70,17 @@ class ModelConfig:
     # Derived sizes -----------------------------------------------------------------
     @property
     def kv_heads(self) -> int:
+        """Number of key/value heads (n_head for plain multi-head attention)."""
         return self.n_kv_head or self.n_head
 
     @property
     def head_dim(self) -> int:
+        """Size of one attention head, d_model / n_head."""
         return self.d_model // self.n_head
 
     @property
     def ffn_dim(self) -> int:
+        """Width of the MLP's hidden layer."""
         if self.d_ff is not None:
             return self.d_ff
         if self.style == "gpt2":
@@ -81,6 +91,7 @@ class ModelConfig:
 
     @property
     def tied(self) -> bool:
+        """Whether the output head shares the token embedding's weight."""
         return self.style == "gpt2" if self.tie_embeddings is None else self.tie_embeddings
 
     def num_parameters(self) -> int:
@@ -104,6 +115,7 @@ class ModelConfig:
         return total
 
     def to_dict(self) -> dict:
+        """The config's fields as a plain dict (chapter: all)."""
         return asdict(self)
 
 
@@ -169,11 +181,11 @@ def get_config(name_or_path: str | Path, **overrides) -> ModelConfig:
     return cfg
 
 
-_HF_LLAMA_TYPES = ("llama", "mistral", "qwen2")
+_HF_LLAMA_TYPES = ("llama", "mistral")
 
 
 def config_from_hf(path: str | Path) -> ModelConfig:
-    """Read a Hugging Face ``config.json`` (GPT-2, Llama, Mistral) from disk; never fetches."""
+    """Read a Hugging Face ``config.json`` (GPT-2, Llama, Mistral) from disk; never fetches (chapter: 1)."""
     path = Path(path)
     if not path.is_file():
         raise MemlabError(f"config file {str(path)!r} does not exist")
@@ -196,6 +208,14 @@ def config_from_hf(path: str | Path) -> ModelConfig:
                 return raw[k]
         raise MemlabError(f"config file {str(path)!r} lacks the key {keys[0]!r}")
 
+    # Shapes this model cannot express are refused rather than counted wrongly.
+    if raw.get("attention_bias") or raw.get("mlp_bias"):
+        raise MemlabError(f"config file {str(path)!r} uses biases in attention or MLP, which "
+                          "the book's Llama-style model does not have")
+    if mtype != "gpt2" and raw.get("head_dim") not in (None, raw.get("hidden_size", 0)
+                                                      // max(raw.get("num_attention_heads", 1), 1)):
+        raise MemlabError(f"config file {str(path)!r} sets head_dim {raw['head_dim']} != "
+                          "hidden_size / num_attention_heads, which the book's model does not support")
     try:
         if mtype == "gpt2":
             return ModelConfig(
@@ -245,7 +265,7 @@ class RMSNorm(nn.Module):
 
 
 def rope_cache(T: int, hs: int, theta: float, device=None):
-    """cos and sin tables for rotary embeddings (Su et al. 2021), each (T, hs/2)."""
+    """cos and sin tables for rotary embeddings (Su et al. 2021), each (T, hs/2), fp32 (chapter: 1)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, device=device, dtype=torch.float32) / hs))
     t = torch.arange(T, device=device, dtype=torch.float32)
     freqs = torch.outer(t, inv_freq)  # (T, hs/2)
@@ -253,7 +273,7 @@ def rope_cache(T: int, hs: int, theta: float, device=None):
 
 
 def apply_rope(x, cos, sin):
-    """Rotate pairs (first half, second half) of each head: x is (B, nh, T, hs)."""
+    """Rotate pairs (first half, second half) of each head of x, shaped (B, nh, T, hs) (chapter: 1)."""
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
@@ -288,9 +308,10 @@ class Attention(nn.Module):
         if cfg.attention == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
         else:  # eager: materialises the (T, T) scores and keeps the softmax for backward
+            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)  # (T, T)
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
-            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            att = att.masked_fill(future, float("-inf"))
+            att = att.softmax(dim=-1)  # kept for backward: the s^2 term of eager attention
             y = att @ v  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, C)
         return self.o_proj(y)
@@ -393,17 +414,19 @@ def build_model(
     with torch.device(device or "cpu"):
         model = Transformer(cfg)
     if dtype is not None:
+        if not isinstance(dtype, torch.dtype):
+            raise MemlabError(f"dtype must be a torch.dtype such as torch.bfloat16, got {dtype!r}")
         model = model.to(dtype)
     model.gradient_checkpointing = checkpointing
     return model
 
 
 def count_parameters(model: nn.Module) -> int:
-    """Number of distinct parameters (a tied weight counts once) (chapter: 1)."""
+    """Number of distinct parameters, a tied weight counted once (chapter: 0)."""
     return sum(p.numel() for p in model.parameters())
 
 
 def lm_loss(logits, targets):
-    """Next-token cross-entropy in fp32, as training code usually computes it."""
+    """Next-token cross-entropy (a 0-d tensor, nats) in fp32, as training code computes it (chapter: 0)."""
     B, T, V = logits.shape
     return F.cross_entropy(logits.float().view(B * T, V), targets.reshape(B * T))

@@ -10,6 +10,7 @@ import dataclasses
 
 import matplotlib.pyplot as plt
 
+from memlab.errors import check_choice
 from memlab.units import UNITS
 
 # One colour per memory category, used on every page.
@@ -56,7 +57,7 @@ def _as_dict(result) -> dict:
 def step_breakdown(results: dict, unit: str = "GiB", title: str | None = None):
     """Stacked bars of memory by category, one bar per labeled result, total at its end (chapter: 0)."""
     style()
-    scale = UNITS[unit]
+    scale = UNITS[check_choice("unit", unit, UNITS)]
     labels = list(results)
     rows = [_as_dict(results[k]) for k in labels]
     fig, ax = plt.subplots(figsize=(8.0, 1.2 + 0.55 * len(labels)))

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from memlab.device import device_memory_bytes, device_name, pick_device
+from memlab.errors import MemlabError
 
 RESULTS_DIR_ENV = "MEMLAB_RESULTS_DIR"
 
@@ -95,11 +96,12 @@ class Record:
 
     @property
     def label(self) -> str:
-        """``'recorded on NVIDIA H100 80GB HBM3, 2026-11-22'`` or ``'measured here on CPU: …'``."""
+        """How a page labels this record, e.g. ``'recorded on NVIDIA H100 80GB HBM3, 2026-11-22'``."""
         day = str(self.provenance.get("date", ""))[:10]
         return f"recorded on {self.provenance.get('device_name', '?')}, {day}"
 
     def to_json(self) -> str:
+        """The record as the JSON text stored in ``results/``."""
         body = {
             "experiment": self.experiment,
             "scale": self.scale,
@@ -128,8 +130,11 @@ def save_record(record: Record, out_dir: str | Path | None = None) -> Path:
     out_dir = Path(out_dir) if out_dir is not None else results_dir()
     dev = record.provenance.get("device_name") or record.provenance.get("device", "device")
     path = out_dir / record.experiment / f"{record.scale}-{_slug(dev)}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(record.to_json())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(record.to_json())
+    except OSError as exc:
+        raise MemlabError(f"cannot write the record {str(path)!r}: {exc.strerror}") from None
     return path
 
 

@@ -23,8 +23,9 @@ lab = define_lab("lab01", "Measure the memory of a training step")
 
 lab.exercise(
     "1.1",
-    "bytes of the model's fp32 parameters, predicted from its parameter count",
+    "bytes of the model's fp32 parameters, predicted from its parameter count (within 1%)",
     expected=lambda step: _at_optimizer_step(step)["parameters"],
+    rtol=0.01,  # on CUDA each tensor is rounded up to the allocator's 512-byte blocks
     hint="an fp32 value takes 4 bytes; use cfg.num_parameters()",
 )
 lab.exercise(
