@@ -3,6 +3,8 @@
     memlab env                                   print the environment report
     memlab list                                  list the experiments
     memlab run <experiment> [--scale ci|full] [--out results/] [--json]
+    memlab estimate --model <preset|config.json> --batch-size B --seq-len S [options] [--json]
+    memlab trace    (the same options)           measure under FakeTensorMode instead
 
 Bad input prints one line, ``memlab: error: …`` naming the accepted values, and exits 2.
 """
@@ -31,7 +33,8 @@ def _build_parser() -> argparse.ArgumentParser:
     from memlab.experiments import EXPERIMENTS
 
     p = _Parser(prog="memlab", description="Measure the memory of LLM training steps.")
-    sub = p.add_subparsers(dest="command", metavar="{env,list,run}", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", metavar="{env,list,run,estimate,trace}",
+                           parser_class=_Parser)
     sub.add_parser("env", help="print the device, versions and scale")
     sub.add_parser("list", help="list the experiments")
     run = sub.add_parser("run", help="run an experiment and store its record")
@@ -39,7 +42,78 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--scale", default=None, help=f"one of: {', '.join(SCALES)} (default: by device)")
     run.add_argument("--out", default=None, help="folder to write the JSON record to (e.g. results/)")
     run.add_argument("--json", action="store_true", help="print the record as JSON")
+    for name, helptext in (("estimate", "estimate a step's memory from formulas"),
+                           ("trace", "count a step's memory under FakeTensorMode")):
+        _step_options(sub.add_parser(name, help=helptext), estimate=name == "estimate")
     return p
+
+
+def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
+    from memlab import memory
+    from memlab.models import PRESETS
+
+    p.add_argument("--model", required=True,
+                   help=f"a preset ({', '.join(PRESETS)}) or a path to a Hugging Face config.json")
+    p.add_argument("--batch-size", type=int, required=True, help="sequences per micro-batch")
+    p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--precision", default="fp32", help=f"one of: {', '.join(memory.PRECISIONS)}")
+    p.add_argument("--optimizer", default="adamw", help=f"one of: {', '.join(memory.OPTIMIZERS)}")
+    p.add_argument("--optimizer-impl", default="foreach",
+                   help=f"one of: {', '.join(memory.OPTIMIZER_IMPLS)}")
+    p.add_argument("--attention", default=None, help="sdpa (default) or eager")
+    p.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
+    p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
+    if estimate:
+        p.add_argument("--device", default="cuda", help="cuda (default) or cpu conventions")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _step_json(result, mode: str) -> dict:
+    """The common keys of an estimate and a trace, plus the phase peaks."""
+    if mode == "estimate":
+        d = result.as_dict()
+        keys = dict(weights_bytes=d["weights_bytes"], gradients_bytes=d["gradients_bytes"],
+                    optimizer_bytes=d["optimizer_bytes"], activations_bytes=d["activations_bytes"])
+    else:
+        d = result.as_dict()
+        steady = result.phase_breakdown["optimizer"]  # parameters, grads and states all alive
+        keys = dict(weights_bytes=steady["parameters"], gradients_bytes=steady["gradients"],
+                    optimizer_bytes=steady["optimizer_states"],
+                    activations_bytes=result.saved_activations_bytes)
+    return dict(mode=mode, parameters=result.setup["parameters"], **keys,
+                peak_bytes=result.peak_bytes, peak_phase=result.peak_phase,
+                phase_peak_bytes=result.phase_peak_bytes, setup=result.setup)
+
+
+def _cmd_step(args, mode: str) -> int:
+    from memlab.memory import estimate
+    from memlab.models import get_config
+
+    cfg = get_config(args.model)
+    kwargs = dict(batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
+                  optimizer=args.optimizer, optimizer_impl=args.optimizer_impl,
+                  checkpointing=args.checkpointing, grad_accum_steps=args.grad_accum)
+    if mode == "estimate":
+        result = estimate(cfg, attention=args.attention, device=args.device, **kwargs)
+    else:
+        from dataclasses import replace
+
+        from memlab.measure import trace_step
+        from memlab.memory import _check
+
+        _check(cfg, args.batch_size, args.seq_len, args.precision, args.optimizer,
+               args.optimizer_impl, args.attention, "cpu", "train", args.grad_accum)
+        if args.optimizer == "adamw-8bit":
+            raise MemlabError("trace supports optimizers adamw, adam, sgd, sgd-momentum; "
+                              "'adamw-8bit' runs in bitsandbytes kernels (see chapter 3)")
+        if args.attention is not None:
+            cfg = replace(cfg, attention=args.attention)
+        result = trace_step(cfg, **kwargs)
+    if args.json:
+        print(json.dumps(_step_json(result, mode)))
+    else:
+        print(result.table())
+    return 0
 
 
 def _writable_folder(out: str) -> str:
@@ -98,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "run":
             return _cmd_run(args, argv)
+        if args.command in ("estimate", "trace"):
+            return _cmd_step(args, args.command)
         _build_parser().print_help()
         return 0
     except MemlabError as exc:

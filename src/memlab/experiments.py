@@ -118,3 +118,105 @@ def run_experiment(name: str, scale: str | None = None, out: str | Path | None =
     record = make_record(name, scale, result, command=command)
     path = save_record(record, out) if out is not None else None
     return result, record, path
+
+
+# The estimator against the trace ------------------------------------------------------------
+@dataclass(frozen=True)
+class AccuracyRow:
+    """One configuration: the estimate, the trace, and their relative errors."""
+
+    model: str
+    precision: str
+    optimizer: str
+    optimizer_impl: str
+    attention: str
+    checkpointing: bool
+    grad_accum_steps: int
+    batch_size: int
+    seq_len: int
+    exact_states: bool  # parameters, gradients and optimizer states equal to the byte
+    activations_error: float  # estimate / trace - 1
+    peak_error: float
+    estimated_peak_bytes: int
+    traced_peak_bytes: int
+
+
+@dataclass(frozen=True)
+class AccuracyResult:
+    """The estimator's error against the trace over a grid of configurations."""
+
+    rows: list[AccuracyRow]
+    worst_activations_error: float  # largest |estimate / trace - 1|
+    worst_peak_error: float
+    median_peak_error: float
+    all_states_exact: bool
+
+
+def _accuracy_grid(scale: str):
+    from dataclasses import replace
+
+    from memlab.models import get_config
+
+    small = get_config("tiny", n_layer=2, d_model=128, n_head=8, n_kv_head=2, d_ff=352,
+                       vocab_size=1024, max_seq_len=1024, name="small-gqa")
+    models = [small, get_config("tiny-gpt2", max_seq_len=1024)]
+    sizes = [(2, 64), (1, 256)]
+    optimizers = [("adamw", "foreach"), ("adam", "fused"), ("sgd-momentum", "foreach"),
+                  ("adamw", "for-loop"), ("sgd", "foreach")]
+    grid, i = [], 0
+    for cfg in models:
+        for precision in ("fp32", "fp16-mixed", "bf16-mixed", "bf16"):
+            for attention in ("sdpa", "eager"):
+                for ckpt in (False, True):
+                    for B, T in sizes:
+                        opt, impl = optimizers[i % len(optimizers)]
+                        accum = 2 if i % 7 == 3 else 1
+                        i += 1
+                        grid.append((replace(cfg, attention=attention), precision, opt, impl,
+                                     ckpt, accum, B, T))
+    if scale == "full":  # a few 7B-class points (a few seconds each to trace on a CPU)
+        for name, precision, ckpt in (("llama2-7b", "bf16-mixed", False),
+                                      ("llama2-7b", "fp32", True),
+                                      ("llama3-8b", "bf16", False)):
+            grid.append((get_config(name), precision, "adamw", "foreach", ckpt, 1, 1, 2048))
+    return grid
+
+
+@register(
+    "estimator-accuracy",
+    chapter="chapters/01_where_the_memory_goes",
+    summary="memlab.memory.estimate against the traced step over a grid of configurations",
+    sizes={"ci": dict(grid="small models, 64 configurations"),
+           "full": dict(grid="adds Llama-2-7B and Llama-3-8B at seq 2048")},
+)
+def estimator_accuracy(scale: str | None = None) -> AccuracyResult:
+    """Estimate vs trace over precisions, optimizers, attention, checkpointing, GQA and sizes (chapter: 1)."""
+    import statistics
+
+    from memlab.measure import trace_step
+    from memlab.memory import estimate
+
+    rows = []
+    for cfg, precision, opt, impl, ckpt, accum, B, T in _accuracy_grid(get_scale(scale)):
+        kw = dict(batch_size=B, seq_len=T, precision=precision, optimizer=opt,
+                  optimizer_impl=impl, checkpointing=ckpt, grad_accum_steps=accum)
+        traced = trace_step(cfg, **kw)
+        est = estimate(cfg, device="cpu", **kw)  # the trace follows CPU conventions
+        steady = traced.phase_breakdown["optimizer"]
+        rows.append(AccuracyRow(
+            model=cfg.name, precision=precision, optimizer=opt, optimizer_impl=impl,
+            attention=cfg.attention, checkpointing=ckpt, grad_accum_steps=accum,
+            batch_size=B, seq_len=T,
+            exact_states=(steady["parameters"], steady["gradients"], steady["optimizer_states"])
+            == (est.weights_bytes, est.gradients_bytes, est.optimizer_bytes),
+            activations_error=est.activations_bytes / traced.saved_activations_bytes - 1,
+            peak_error=est.peak_bytes / traced.peak_bytes - 1,
+            estimated_peak_bytes=est.peak_bytes, traced_peak_bytes=traced.peak_bytes,
+        ))
+    return AccuracyResult(
+        rows=rows,
+        worst_activations_error=max(abs(r.activations_error) for r in rows),
+        worst_peak_error=max(abs(r.peak_error) for r in rows),
+        median_peak_error=statistics.median(abs(r.peak_error) for r in rows),
+        all_states_exact=all(r.exact_states for r in rows),
+    )

@@ -271,6 +271,7 @@ class TrainSetup:
     optimizer: str = "adamw"
     optimizer_impl: str = "foreach"  # 'foreach' (CUDA's default), 'for-loop' or 'fused'
     checkpointing: bool = False  # full activation checkpointing: one saved input per block
+    grad_accum_steps: int = 1  # micro-batches whose gradients add up before one optimizer step
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -290,6 +291,7 @@ class TrainSetup:
         check_choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         if not isinstance(self.checkpointing, bool):
             raise MemlabError(f"checkpointing must be True or False, got {self.checkpointing!r}")
+        check_positive_int("grad_accum_steps", self.grad_accum_steps)
 
     def as_dict(self) -> dict:
         """Model name, parameter count, batch shape and switches, as stored in StepMemory.setup (chapter: 0)."""
@@ -303,6 +305,7 @@ class TrainSetup:
             "optimizer": self.optimizer,
             "optimizer_impl": self.optimizer_impl,
             "checkpointing": self.checkpointing,
+            "grad_accum_steps": self.grad_accum_steps,
             "attention": cfg.attention,
         }
 
@@ -490,23 +493,33 @@ def _autocast(setup: TrainSetup, device: torch.device) -> Iterator[None]:
 
 
 def _iteration(setup, device, model, optimizer, idx, targets, tracker, phase_snaps) -> None:
-    """One training step; with ``phase_snaps`` a dict, store each phase's peak categories in it."""
+    """One training step; with ``phase_snaps`` a dict, store each phase's peak categories in it.
+
+    With gradient accumulation the step runs ``grad_accum_steps`` forward and backward passes
+    (on the same micro-batch) before the optimizer steps; a phase's peak is the largest over
+    the micro-batches, which is the last one, when the gradients of the others are alive.
+    """
 
     def phase_done(name: str) -> None:
         if phase_snaps is not None:
-            phase_snaps[name] = tracker.bytes_on(device, "peak")
-            phase_snaps[f"{name}:end"] = tracker.bytes_on(device, "current")
+            snap = tracker.bytes_on(device, "peak")
+            if name not in phase_snaps or snap["Total"] >= phase_snaps[name]["Total"]:
+                phase_snaps[name] = snap
+                phase_snaps[f"{name}:end"] = tracker.bytes_on(device, "current")
         tracker.restart_peak()
 
     tracker.restart_peak()
-    with _autocast(setup, device):
-        loss = lm_loss(model(idx), targets)  # the logits die inside lm_loss, as in training code
-    phase_done("forward")
-    loss.backward()
-    del loss
-    phase_done("backward")
+    for micro in range(setup.grad_accum_steps):
+        if micro:
+            tracker.reset_mod_stats()  # MemTracker refuses a second forward otherwise
+        with _autocast(setup, device):
+            loss = lm_loss(model(idx), targets)  # the logits die inside lm_loss, as in training
+        phase_done("forward")
+        loss.backward()
+        del loss
+        phase_done("backward")
     optimizer.step()
-    optimizer.zero_grad(set_to_none=True)  # grads do not survive into the next forward
+    optimizer.zero_grad(set_to_none=True)  # grads do not survive into the next step
     phase_done("optimizer")
 
 
@@ -588,12 +601,13 @@ def measure_step(
     optimizer: str = "adamw",
     optimizer_impl: str = "foreach",
     checkpointing: bool = False,
+    grad_accum_steps: int = 1,
     device=None,
     seed: int = 0,
 ) -> StepMemory:
     """Bytes of a real training step on the device, by category, at its peak (chapter: 0)."""
     setup = TrainSetup(config_or_name, batch_size, seq_len, precision, optimizer,
-                       optimizer_impl, checkpointing)
+                       optimizer_impl, checkpointing, grad_accum_steps)
     return _run_step(setup, device=_resolve_device(device), traced=False, seed=_check_seed(seed))
 
 
@@ -606,8 +620,9 @@ def trace_step(
     optimizer: str = "adamw",
     optimizer_impl: str = "foreach",
     checkpointing: bool = False,
+    grad_accum_steps: int = 1,
 ) -> StepMemory:
     """Bytes of a training step counted on fake tensors, without allocating it (chapter: 0)."""
     setup = TrainSetup(config_or_name, batch_size, seq_len, precision, optimizer,
-                       optimizer_impl, checkpointing)
+                       optimizer_impl, checkpointing, grad_accum_steps)
     return _run_step(setup, device=torch.device("cpu"), traced=True, seed=0)

@@ -1,0 +1,168 @@
+"""A small catalogue of GPUs people train on, and whether an estimated peak fits on each.
+
+Two capacities per GPU, both in bytes:
+
+* ``memory_bytes``: the vendor's nominal capacity, the "16 GB" or "80GB" of the spec page,
+  read in the unit named by ``memory_unit``.
+* ``usable_bytes``: the total that ``nvidia-smi`` (NVML) reports for the card, as tabulated
+  for the cards at Modal in "Why does an NVIDIA H100 80GB card offer 85.52 GB?"
+  (https://thundergolfer.com/blog/nvidia-gpu-memory-capacity).
+
+What NVIDIA's "GB" means. For every GPU here the total nvidia-smi reports is *larger* than
+the label read as GB (10^9 bytes): 15,360 MiB on a "16 GB" T4 is 16.1e9 bytes, 81,559 MiB on
+an "80GB" H100 is 85.5e9 bytes. A card cannot report more than it has, so the label is binary:
+16 GB means 16 GiB (2^30 bytes each), as usual for DRAM capacities. The A100s report exactly
+their label in GiB (40,960 and 81,920 MiB); H100 and H200 a few hundred MiB less; the GDDR6
+cards (T4, L4) about 1/16 less (15,360 = 16,384 x 15/16), which is consistent with ECC, on by
+default on those cards, keeping part of the memory; that last reading is ours, not NVIDIA's.
+
+What a program can allocate is lower still: CUDA reports a few hundred MiB less than
+nvidia-smi (``torch.cuda.get_device_properties(0).total_memory``): 40,441 MiB on an A100
+40GB (deviceQuery in the Paderborn PC2 documentation,
+https://upb-pc2.atlassian.net/wiki/spaces/PC2DOK/pages/1900609/NVIDIA+A100+40GB+with+NVLINK),
+15,102 or 15,110 MiB on a T4 depending on the driver (deviceQuery outputs in
+https://gist.github.com/Terminus-IMRC/5e4b7782c27106dec287050b323cd059 and
+https://chiemon.github.io/2024/12/25/%E6%98%BE%E5%8D%A1%E4%BF%A1%E6%81%AF.html), and the CUDA
+context takes a few hundred MiB more. :func:`fits` compares with ``usable_bytes`` and takes a
+``headroom_bytes`` argument for the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from numbers import Real
+
+from memlab.errors import MemlabError, check_choice, require
+from memlab.units import UNITS, to_unit
+
+USABLE_SOURCE = "https://thundergolfer.com/blog/nvidia-gpu-memory-capacity"
+FA2_SOURCE = "https://github.com/Dao-AILab/flash-attention"  # FlashAttention-2 needs sm80+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU model: nominal and usable memory in bytes, and the features training needs.
+
+    ``bf16_tensor_cores``: tensor cores that multiply bfloat16 (Ampere and later; Turing's
+    do fp16 only). ``flash_attention_2``: supported by the flash-attn package (compute
+    capability 8.0 or later; FlashAttention-2 does not run on Turing). ``usable_bytes``
+    defaults to the nominal capacity when no documented figure exists, and
+    ``usable_source`` then stays empty.
+    """
+
+    name: str
+    memory_bytes: int  # nominal capacity: the vendor's number in memory_unit
+    memory_label: str  # as the vendor writes it, e.g. '16 GB'
+    memory_unit: str  # what the label's 'GB' means for this GPU: 'GiB' or 'GB'
+    memory_type: str  # 'GDDR6', 'HBM2', 'HBM2e', 'HBM3', 'HBM3e'
+    bf16_tensor_cores: bool
+    flash_attention_2: bool
+    source: str  # URL of the vendor's spec page
+    usable_bytes: int | None = None  # total reported by nvidia-smi; None: the nominal value
+    usable_source: str = ""  # where usable_bytes comes from ('' when it is the nominal value)
+
+    def __post_init__(self) -> None:
+        check_choice("memory_unit", self.memory_unit, ("GiB", "GB"))
+        if self.usable_bytes is None:
+            object.__setattr__(self, "usable_bytes", self.memory_bytes)
+        if not 0 < self.usable_bytes <= self.memory_bytes:
+            raise MemlabError(f"usable_bytes of GPU {self.name!r} must be positive and at most "
+                              f"its memory_bytes ({self.memory_bytes}), got {self.usable_bytes}")
+
+    @property
+    def column(self) -> str:
+        """Column header for tables, e.g. 'T4 (16 GB)' (chapter: 1)."""
+        return f"{self.name} ({self.memory_label})"
+
+
+def _gib(n: int) -> int:
+    return n * UNITS["GiB"]
+
+
+CATALOGUE: tuple[GPU, ...] = (
+    GPU("T4", _gib(16), "16 GB", "GiB", "GDDR6", bf16_tensor_cores=False,
+        flash_attention_2=False, source="https://www.nvidia.com/en-us/data-center/tesla-t4/",
+        usable_bytes=15_360 * MiB, usable_source=USABLE_SOURCE),
+    GPU("L4", _gib(24), "24 GB", "GiB", "GDDR6", bf16_tensor_cores=True,
+        flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/l4/",
+        usable_bytes=23_034 * MiB, usable_source=USABLE_SOURCE),
+    GPU("A100-40GB", _gib(40), "40 GB", "GiB", "HBM2", bf16_tensor_cores=True,
+        flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/a100/",
+        usable_bytes=40_960 * MiB, usable_source=USABLE_SOURCE),
+    GPU("A100-80GB", _gib(80), "80 GB", "GiB", "HBM2e", bf16_tensor_cores=True,
+        flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/a100/",
+        usable_bytes=81_920 * MiB, usable_source=USABLE_SOURCE),
+    # The SXM part; the H100 NVL has 94 GB.
+    GPU("H100", _gib(80), "80 GB", "GiB", "HBM3", bf16_tensor_cores=True,
+        flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/h100/",
+        usable_bytes=81_559 * MiB, usable_source=USABLE_SOURCE),
+    GPU("H200", _gib(141), "141 GB", "GiB", "HBM3e", bf16_tensor_cores=True,
+        flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/h200/",
+        usable_bytes=143_771 * MiB, usable_source=USABLE_SOURCE),
+)
+
+GPU_NAMES = tuple(g.name for g in CATALOGUE)
+
+
+def get_gpu(name: str | GPU) -> GPU:
+    """The catalogue entry for a GPU name such as 'T4' or 'A100-80GB', any case (chapter: 1)."""
+    if isinstance(name, GPU):
+        return name
+    if isinstance(name, str):
+        for gpu in CATALOGUE:
+            if gpu.name.lower() == name.strip().lower():
+                return gpu
+    check_choice("GPU", name, GPU_NAMES)  # raises: names the bad value and the accepted ones
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _check_bytes(what: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or value != value or value < 0:
+        raise MemlabError(f"{what} must be a non-negative number of bytes, got {value!r}")
+    return value
+
+
+def fits(estimate_peak_bytes: int, gpu: str | GPU, headroom_bytes: int = 0) -> bool:
+    """Whether a peak plus ``headroom_bytes`` (bytes) is at most the GPU's usable bytes (chapter: 1)."""
+    _check_bytes("estimate_peak_bytes", estimate_peak_bytes)
+    _check_bytes("headroom_bytes", headroom_bytes)
+    return estimate_peak_bytes + headroom_bytes <= get_gpu(gpu).usable_bytes
+
+
+def fit_table(rows: dict[str, int], gpus=CATALOGUE, headroom_bytes: int = 0):
+    """A pandas DataFrame: each row's required GiB and ✓/✗ for each GPU's usable bytes (chapter: 1)."""
+    pd = require("pandas", "fit_table", extra="notebook")
+    if not isinstance(rows, dict) or not rows:
+        raise MemlabError(f"rows must be a non-empty dict of label -> peak bytes, got {rows!r}")
+    gpu_list = [get_gpu(g) for g in gpus]
+    if not gpu_list:
+        raise MemlabError(f"gpus must name at least one GPU; accepted: {', '.join(GPU_NAMES)}")
+    _check_bytes("headroom_bytes", headroom_bytes)
+    table = {}
+    for label, peak in rows.items():
+        _check_bytes(f"peak bytes of row {label!r}", peak)
+        row = {"required (GiB)": to_unit(peak + headroom_bytes, "GiB")}
+        for gpu in gpu_list:
+            row[gpu.column] = "✓" if fits(peak, gpu, headroom_bytes) else "✗"
+        table[label] = row
+    return pd.DataFrame.from_dict(table, orient="index")
+
+
+def catalogue_table(gpus=CATALOGUE):
+    """A pandas DataFrame of the catalogue: label, nominal and usable GiB and GB, features (chapter: 1)."""
+    pd = require("pandas", "catalogue_table", extra="notebook")
+    rows = {}
+    for gpu in (get_gpu(g) for g in gpus):
+        rows[gpu.name] = {
+            "label": gpu.memory_label,
+            "type": gpu.memory_type,
+            "label means": gpu.memory_unit,
+            "nominal (GiB)": to_unit(gpu.memory_bytes, "GiB"),
+            "nominal (GB)": to_unit(gpu.memory_bytes, "GB"),
+            "usable (GiB)": to_unit(gpu.usable_bytes, "GiB"),
+            "usable (GB)": to_unit(gpu.usable_bytes, "GB"),
+            "bf16 tensor cores": gpu.bf16_tensor_cores,
+            "FlashAttention-2": gpu.flash_attention_2,
+        }
+    return pd.DataFrame.from_dict(rows, orient="index")
