@@ -38,7 +38,7 @@ book: setup _build/.src-stamp
 	echo "book build: $$(( $$(date +%s) - start )) s" | tee -a $(TIMINGS)
 
 lint: setup
-	$(BIN)/ruff check src tests scripts chapters labs
+	$(BIN)/ruff check src tests scripts chapters labs appendix _ext
 
 unit: setup
 	$(BIN)/python -m pytest -q -m "not browser" tests

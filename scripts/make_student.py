@@ -2,7 +2,7 @@
 """Write the student versions of lab notebooks: solutions stripped, outputs cleared.
 
     python scripts/make_student.py labs --out labs/student
-    python scripts/make_student.py labs/lab01_measure_step.ipynb --out /tmp/student
+    python scripts/make_student.py labs/lab00_measure_step.ipynb --out /tmp/student
 
 Each ``### BEGIN SOLUTION`` .. ``### END SOLUTION`` region of a code cell becomes one
 ``# YOUR CODE HERE`` line (``pass  # YOUR CODE HERE`` inside an indented block); mark

@@ -1,6 +1,6 @@
 """Execute notebooks in place at CI scale, so their committed outputs are fresh.
 
-    python scripts/run_notebooks.py chapters/00_toolkit.ipynb labs/lab01_measure_step.ipynb
+    python scripts/run_notebooks.py chapters/00_toolkit.ipynb labs/lab00_measure_step.ipynb
 
 nbval compares the cells marked ``# NBVAL_CHECK_OUTPUT`` against these stored outputs.
 """

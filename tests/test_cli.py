@@ -30,7 +30,7 @@ def test_bad_scale_from_environment(capsys, monkeypatch):
 
 def test_unknown_command_and_missing_argument(capsys):
     _one_line_error(capsys, ["frobnicate"], "'frobnicate'", "env", "list", "run")
-    _one_line_error(capsys, ["run"], "run needs an experiment; accepted: step-memory, trace-7b")
+    _one_line_error(capsys, ["run"], "run needs an experiment; accepted: estimator-accuracy, load-memory, step-memory")
 
 
 def test_list_and_env(capsys):
@@ -46,7 +46,8 @@ def test_python_dash_m_exit_code():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "memlab: error: unknown experiment 'nope'; accepted: step-memory, trace-7b"
+        "memlab: error: unknown experiment 'nope'; accepted: estimator-accuracy, load-memory, "
+        "step-memory, trace-7b"
     ]
     assert proc.stdout == ""
 
@@ -97,3 +98,39 @@ def test_scale_is_case_insensitive_everywhere(capsys, monkeypatch):
     monkeypatch.setattr("memlab.experiments.run_experiment", fake_run)
     _one_line_error(capsys, ["run", "step-memory", "--scale", "CI"], "stopped before running")
     assert seen["scale"] == "ci"
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["estimate", "--model", "llama9", "--batch-size", "1", "--seq-len", "8"],
+     ["unknown model 'llama9'", "llama2-7b"]),
+    (["estimate", "--model", "tiny", "--batch-size", "-1", "--seq-len", "8"],
+     ["batch_size must be a positive integer, got -1"]),
+    (["trace", "--model", "tiny", "--batch-size", "1", "--seq-len", "0"],
+     ["seq_len must be a positive integer, got 0"]),
+    (["estimate", "--model", "tiny", "--batch-size", "1", "--seq-len", "8", "--precision", "fp8"],
+     ["unknown precision 'fp8'", "bf16-mixed"]),
+    (["trace", "--model", "tiny", "--batch-size", "1", "--seq-len", "8", "--optimizer", "lion"],
+     ["unknown optimizer 'lion'", "adamw"]),
+    (["estimate", "--model", "tiny", "--batch-size", "two", "--seq-len", "8"],
+     ["--batch-size", "invalid int value: 'two'"]),
+])
+def test_estimate_and_trace_bad_input(capsys, argv, needles):
+    _one_line_error(capsys, argv, *needles)
+
+
+def test_estimate_malformed_config_file(capsys, tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    _one_line_error(capsys, ["estimate", "--model", str(bad), "--batch-size", "1",
+                             "--seq-len", "8"], "is not valid JSON")
+
+
+def test_estimate_and_trace_json_keys(capsys):
+    keys = {"parameters", "weights_bytes", "gradients_bytes", "optimizer_bytes",
+            "activations_bytes", "peak_bytes"}
+    for cmd in ("estimate", "trace"):
+        assert main([cmd, "--model", "tiny", "--batch-size", "2", "--seq-len", "16", "--json"]) == 0
+        body = json.loads(capsys.readouterr().out)
+        assert keys <= set(body) and body["mode"] == cmd
+    assert main(["estimate", "--model", "tiny", "--batch-size", "2", "--seq-len", "16"]) == 0
+    assert "peak" in capsys.readouterr().out

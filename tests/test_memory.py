@@ -114,6 +114,14 @@ def test_estimate_agrees_with_trace_over_the_grid():
     assert any(r.grad_accum_steps > 1 for r in result.rows)
 
 
+def test_estimate_agrees_with_real_cpu_steps_over_the_grid():
+    """The same grid run for real on this CPU, not traced."""
+    result = estimator_accuracy("ci", measured=True)
+    assert len(result.rows) >= 60 and result.all_states_exact
+    assert result.worst_activations_error < 0.03
+    assert result.worst_peak_error < 0.03, max(result.rows, key=lambda r: abs(r.peak_error))
+
+
 @pytest.mark.parametrize("precision, ckpt", [("fp32", False), ("bf16-mixed", True), ("bf16", False)])
 def test_estimate_agrees_with_a_real_cpu_step(precision, ckpt):
     """Not only under trace: a real step of the tiny model on this CPU."""

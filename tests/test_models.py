@@ -18,6 +18,7 @@ from memlab.models import (
 PUBLISHED = {
     "gpt2": 124_439_808,
     "gpt2-xl": 1_557_611_200,
+    "llama-1b": 1_100_048_384,  # TinyLlama-1.1B
     "llama2-7b": 6_738_415_616,
     "llama2-13b": 13_015_864_320,
     "llama2-70b": 68_976_648_192,
@@ -193,3 +194,8 @@ def test_config_type_errors_are_one_line():
 def test_tiny_preset_is_pinned():
     assert get_config("tiny").num_parameters() == 158_016
     assert count_parameters(build_model("tiny-gpt2", device="meta")) == 141_056
+
+
+def test_gpt2_style_with_grouped_query_attention_counts_exactly():
+    cfg = get_config("tiny-gpt2", n_kv_head=2)
+    assert cfg.num_parameters() == count_parameters(build_model(cfg, device="meta"))

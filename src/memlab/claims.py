@@ -61,3 +61,48 @@ def table(verdicts: list[Verdict]):
     except ImportError:  # pragma: no cover - pandas is in the notebook extra
         return [{c: r[c] for c in columns} for r in rows]
     return pd.DataFrame(rows, columns=columns)
+
+
+# The registry: each topic module registers the checks of the claims its chapter owns. -------
+@dataclass(frozen=True)
+class ClaimCheck:
+    """A claim from the book's list and the function that computes its verdict."""
+
+    claim: str  # 'C01'
+    chapter: str  # the page that shows the evidence, e.g. 'chapters/01_where_the_memory_goes'
+    statement: str
+    fn: object  # () -> Verdict
+
+
+CHECKS: dict[str, ClaimCheck] = {}
+TOPIC_MODULES = ("memlab.memory",)  # modules whose import registers claim checks
+
+
+def register(claim: str, chapter: str, statement: str):
+    """Decorator: register the function computing a claim's verdict (chapter: all)."""
+
+    def wrap(fn):
+        CHECKS[claim] = ClaimCheck(claim=claim, chapter=chapter, statement=statement, fn=fn)
+        return fn
+
+    return wrap
+
+
+def verdicts(claims: list[str] | None = None, chapter: str | None = None) -> list[Verdict]:
+    """Compute the verdicts of registered claims, all or some, in claim order (chapter: all)."""
+    import importlib
+
+    for module in TOPIC_MODULES:
+        importlib.import_module(module)
+    chosen = sorted(CHECKS) if claims is None else list(claims)
+    unknown = [c for c in chosen if c not in CHECKS]
+    if unknown:
+        raise MemlabError(f"unknown claim(s) {unknown}; accepted: {', '.join(sorted(CHECKS))}")
+    out = []
+    for c in chosen:
+        check = CHECKS[c]
+        if chapter is None or check.chapter == chapter:
+            v = check.fn()
+            out.append(Verdict(claim=c, statement=check.statement, verdict=v.verdict,
+                               evidence=v.evidence, note=v.note))
+    return out

@@ -123,7 +123,7 @@ def run_experiment(name: str, scale: str | None = None, out: str | Path | None =
 # The estimator against the trace ------------------------------------------------------------
 @dataclass(frozen=True)
 class AccuracyRow:
-    """One configuration: the estimate, the trace, and their relative errors."""
+    """One configuration: the estimate, the trace (or real CPU step), and their relative errors."""
 
     model: str
     precision: str
@@ -189,18 +189,23 @@ def _accuracy_grid(scale: str):
     sizes={"ci": dict(grid="small models, 64 configurations"),
            "full": dict(grid="adds Llama-2-7B and Llama-3-8B at seq 2048")},
 )
-def estimator_accuracy(scale: str | None = None) -> AccuracyResult:
-    """Estimate vs trace over precisions, optimizers, attention, checkpointing, GQA and sizes (chapter: 1)."""
+def estimator_accuracy(scale: str | None = None, *, measured: bool = False) -> AccuracyResult:
+    """Estimate vs trace over precisions, optimizers, attention, checkpointing, GQA and sizes (chapter: 1).
+
+    ``measured=True`` runs every configuration for real on the CPU instead of tracing it.
+    """
     import statistics
 
-    from memlab.measure import trace_step
+    from memlab.measure import measure_step, trace_step
     from memlab.memory import estimate
 
     rows = []
     for cfg, precision, opt, impl, ckpt, accum, B, T in _accuracy_grid(get_scale(scale)):
         kw = dict(batch_size=B, seq_len=T, precision=precision, optimizer=opt,
                   optimizer_impl=impl, checkpointing=ckpt, grad_accum_steps=accum)
-        traced = trace_step(cfg, **kw)
+        if measured and cfg.num_parameters() > 50_000_000:
+            continue  # the 7B-class points are traced only
+        traced = measure_step(cfg, device="cpu", **kw) if measured else trace_step(cfg, **kw)
         est = estimate(cfg, device="cpu", **kw)  # the trace follows CPU conventions
         steady = traced.phase_breakdown["optimizer"]
         rows.append(AccuracyRow(
@@ -220,3 +225,95 @@ def estimator_accuracy(scale: str | None = None) -> AccuracyResult:
         median_peak_error=statistics.median(abs(r.peak_error) for r in rows),
         all_states_exact=all(r.exact_states for r in rows),
     )
+
+
+# Loading a model ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoadRow:
+    """One model loaded in one dtype: what the formula says and what the process holds."""
+
+    model: str
+    dtype: str
+    parameters: int
+    formula_bytes: int  # parameters x bytes per value
+    allocated_bytes: int  # tensor bytes the allocator holds for the weights
+    reserved_bytes: int | None  # CUDA: what the caching allocator reserved from the driver
+    process_bytes: int | None  # CUDA: memory in use on the device; CPU: the process's resident set
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """Loading models: weights vs what the process really holds on the device."""
+
+    device: str
+    baseline_process_bytes: int | None  # before any weights: CUDA context, or the bare process
+    rows: list[LoadRow]
+
+
+LOAD_SIZES = {
+    "ci": dict(models=("tiny", "gpt2"), dtypes=("fp32", "bf16")),
+    "full": dict(models=("gpt2", "llama-1b", "llama2-7b"), dtypes=("fp32", "bf16")),
+}
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _process_bytes(device) -> int | None:
+    """Device memory in use by everything (CUDA), or this process's resident set (CPU)."""
+    import torch
+
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return int(total - free)
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+@register(
+    "load-memory",
+    chapter="chapters/01_where_the_memory_goes",
+    summary="bytes of loaded weights vs parameters x bytes/value, and what the process adds",
+    sizes=LOAD_SIZES,
+)
+def load_memory(scale: str | None = None) -> LoadResult:
+    """Load models in fp32 and bf16; compare the allocator and the process with the formula (chapter: 1)."""
+    import gc
+
+    import torch
+
+    from memlab.measure import measure_peak
+    from memlab.models import build_model, get_config
+
+    scale = get_scale(scale)
+    device = pick_device()
+    if device.type == "cuda":
+        torch.cuda.init()
+        torch.zeros(1, device=device)  # create the CUDA context before the baseline
+    baseline = _process_bytes(device)
+    rows = []
+    for name in LOAD_SIZES[scale]["models"]:
+        cfg = get_config(name)
+        for dt in LOAD_SIZES[scale]["dtypes"]:
+            dtype = getattr(torch, _TORCH_DTYPES[dt])
+            formula = cfg.num_parameters() * torch.finfo(dtype).bits // 8
+            refuse_if_too_big(formula, device, f"loading {name} in {dt}")
+            old = torch.get_default_dtype()
+            torch.set_default_dtype(dtype)  # build in the final dtype: no fp32 copy first
+            try:
+                model, peak = measure_peak(build_model, cfg, device=device)
+            finally:
+                torch.set_default_dtype(old)
+            reserved = torch.cuda.memory_reserved(device) if device.type == "cuda" else None
+            rows.append(LoadRow(model=name, dtype=dt, parameters=cfg.num_parameters(),
+                                formula_bytes=formula, allocated_bytes=peak.end_allocated_bytes,
+                                reserved_bytes=reserved, process_bytes=_process_bytes(device)))
+            del model
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return LoadResult(device=device.type, baseline_process_bytes=baseline, rows=rows)

@@ -3,14 +3,14 @@
 An instructor defines a lab's exercises here in the library, never in the notebook, so
 that every expected value is computed by memlab at check time::
 
-    lab = define_lab("lab01", "Measure one training step")
+    lab = define_lab("lab00", "Measure one training step")
     lab.exercise("1.1", "bytes of the fp32 parameters",
                  expected=lambda: 4 * get_config("tiny").num_parameters(),
                  hint="an fp32 value takes 4 bytes")
 
 A notebook then does::
 
-    lab = memlab.lab.get_lab("lab01")
+    lab = memlab.lab.get_lab("lab00")
     answer = None
     ### BEGIN SOLUTION
     answer = 4 * cfg.num_parameters()

@@ -401,7 +401,7 @@ def estimate(
     checkpointing: bool = False,
     grad_accum_steps: int = 1,
     mode: str = "train",
-    new_tokens: int = 0,
+    new_tokens: int = 1,
     device: str = "cuda",
 ) -> MemoryEstimate:
     """Estimate the bytes of a training step or an inference pass, by category and phase (chapter: 1).
@@ -617,4 +617,168 @@ def kv_cache_bytes(cfg: ModelConfig, *, batch_size: int, tokens: int, bytes_per_
 
 
 def _estimate_inference(cfg, B, T, precision, new_tokens):
-    raise MemlabError("inference estimates are not implemented yet")
+    from memlab.inference import estimate_inference
+
+    return estimate_inference(cfg, B, T, precision, new_tokens)
+
+
+# Sizing helpers --------------------------------------------------------------------------------
+def batch_for_peak(model: ModelConfig | str, target_bytes: float, *, seq_len: int,
+                   max_batch: int = 1 << 16, **kwargs) -> int | None:
+    """Smallest batch size whose estimated peak reaches ``target_bytes``, or None (chapter: 1)."""
+    cfg = model if isinstance(model, ModelConfig) else get_config(model)
+
+    def peak(b):
+        return estimate(cfg, batch_size=b, seq_len=seq_len, **kwargs).peak_bytes
+
+    if peak(max_batch) < target_bytes:
+        return None
+    lo, hi = 1, max_batch
+    if peak(lo) >= target_bytes:
+        return 1
+    while hi - lo > 1:  # the peak grows with the batch: bisect
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if peak(mid) < target_bytes else (lo, mid)
+    return hi
+
+
+def largest_batch_that_fits(model: ModelConfig | str, capacity_bytes: float, *, seq_len: int,
+                            **kwargs) -> int:
+    """Largest batch whose estimated peak stays within ``capacity_bytes`` (0 if none) (chapter: 1)."""
+    first_over = batch_for_peak(model, capacity_bytes + 1, seq_len=seq_len, **kwargs)
+    return (1 << 16) if first_over is None else first_over - 1
+
+
+# Claims this chapter checks (collected by memlab.claims) --------------------------------------
+_CH1 = "chapters/01_where_the_memory_goes"
+
+
+def _claims():
+    from memlab import claims
+    from memlab.gpus import get_gpu
+    from memlab.units import fmt_bytes
+
+    def gb(n):
+        return f"{n / 1e9:,.1f} GB ({n / 2**30:,.1f} GiB)"
+
+    one_b, seven_b, big = get_config("llama-1b"), get_config("llama2-7b"), get_config("llama2-70b")
+    S = 2048
+    fp32 = dict(precision="fp32", optimizer="adamw")
+
+    @claims.register("C01", _CH1, "Loading one billion parameters in fp32 takes 4 GB.")
+    def c01():
+        from memlab.measure import measure_peak
+        from memlab.models import build_model
+
+        cfg = get_config("tiny")
+        _, peak = measure_peak(build_model, cfg, device="cpu")
+        per_param = peak.end_allocated_bytes / cfg.num_parameters()
+        return claims.judge("", per_param == 4.0,
+                            f"measured {per_param:.3f} bytes/param; 10^9 x 4 bytes = {gb(4e9)}",
+                            caveat=f"GB here is 10^9 bytes ({4e9 / 2**30:.2f} GiB for the 4 GB); "
+                                   "weights only: the process (CUDA context, allocator cache) "
+                                   "adds more")
+
+    @claims.register("C02", _CH1, "Training takes about 24 bytes per parameter: 24 GB for 1B, "
+                                  "168 GB for 7B.")
+    def c02():
+        n = seven_b.num_parameters()
+        at_1 = estimate(seven_b, batch_size=1, seq_len=S, **fp32)
+        b24 = batch_for_peak(seven_b, 24 * n, seq_len=S, **fp32)
+        floor = (at_1.weights_bytes + at_1.gradients_bytes + at_1.optimizer_bytes) / n
+        return claims.judge(
+            "", b24 is not None,
+            f"Llama-2-7B fp32 AdamW: {at_1.peak_bytes / n:.1f} B/param at batch 1 x {S}; "
+            f"24 B/param first at batch {b24} x {S}",
+            caveat=f"{floor:.0f} B/param are model states; the rest is foreach AdamW's scratch "
+                   "and activations, which depend on batch x sequence")
+
+    @claims.register("C03", _CH1, "Training needs about 20 times the memory of the weights: "
+                                  "80 GB for a 1B model in fp32.")
+    def c03():
+        at_1 = estimate(one_b, batch_size=1, seq_len=S, **fp32)
+        b20 = batch_for_peak(one_b, 20 * at_1.weights_bytes, seq_len=S, **fp32)
+        return claims.judge(
+            "", b20 is not None,
+            f"Llama-1B fp32 AdamW: {at_1.peak_bytes / at_1.weights_bytes:.1f}x the weights at "
+            f"batch 1 x {S}; 20x first at batch {b20} x {S}",
+            caveat=f"only with large batches and no checkpointing (batch >= {b20} x {S})")
+
+    @claims.register("C04", _CH1, "The 24 bytes/param rule and the 20x-the-weights rule describe "
+                                  "the same thing.")
+    def c04():
+        n1, n7 = one_b.num_parameters(), seven_b.num_parameters()
+        b24 = batch_for_peak(seven_b, 24 * n7, seq_len=S, **fp32)
+        b80 = batch_for_peak(one_b, 80 * n1, seq_len=S, **fp32)
+        return claims.judge(
+            "", False, f"80 / 24 = {80 / 24:.1f}x apart: 24 B/param is Llama-2-7B at batch {b24} "
+                       f"x {S}; 80 B/param is Llama-1B at batch {b80} x {S}",
+            correction="both are 16 B/param of model states plus activations; they differ in "
+                       "how many tokens a step holds")
+
+    @claims.register("C05", _CH1, "Adam's optimizer states take twice the memory of the weights.")
+    def c05():
+        n = seven_b.num_parameters()
+        ratios = {
+            "fp32 AdamW": optimizer_state_bytes(seven_b, "fp32", "adamw") / (4 * n),
+            "pure bf16 AdamW": optimizer_state_bytes(seven_b, "bf16", "adamw") / (2 * n),
+            "8-bit AdamW": optimizer_state_bytes(seven_b, "fp32", "adamw-8bit") / (4 * n),
+        }
+        return claims.judge(
+            "", abs(ratios["fp32 AdamW"] - 2) < 0.01 and abs(ratios["pure bf16 AdamW"] - 2) < 0.01,
+            "states / weights: " + "; ".join(f"{k} {v:.2f}x" for k, v in ratios.items()),
+            caveat="when the moments have the weights' dtype; 8-bit AdamW keeps far less, and "
+                   "fp32 moments beside a 16-bit weight copy are 4x that copy")
+
+    @claims.register("C39", _CH1, "An 80 GB A100 cannot train a 1B model in fp32 without memory "
+                                  "optimizations.")
+    def c39():
+        a100 = get_gpu("A100-80GB")
+        at_1 = estimate(one_b, batch_size=1, seq_len=S, **fp32)
+        max_b = largest_batch_that_fits(one_b, a100.usable_bytes, seq_len=S, **fp32)
+        return claims.judge(
+            "", at_1.peak_bytes > a100.usable_bytes,
+            f"Llama-1B fp32 AdamW at batch 1 x {S}: peak {fmt_bytes(at_1.peak_bytes)}; "
+            f"fits up to batch {max_b}",
+            correction=f"it fits with room to spare at small batches (up to {max_b} x {S} "
+                       "tokens); larger batches need checkpointing or accumulation")
+
+    @claims.register("C41", _CH1, "Models of 50 to 100 billion parameters need up to 500 times "
+                                  "more memory than a 1B model.")
+    def c41():
+        kw = dict(batch_size=1, seq_len=S, precision="bf16-mixed", optimizer="adamw")
+        ratio = estimate(big, **kw).peak_bytes / estimate(one_b, **kw).peak_bytes
+        params = big.num_parameters() / one_b.num_parameters()
+        return claims.judge(
+            "", ratio >= 500 * 0.9,
+            f"Llama-2-70B / Llama-1B training peak = {ratio:.0f}x (parameters {params:.0f}x)",
+            correction=f"about {ratio:.0f}x: memory grows roughly with the parameter count")
+
+    return claims
+
+
+_claims()
+
+
+def bytes_per_param_curve(model: ModelConfig | str, *, seq_len: int, batches=(1, 2, 4, 8, 16, 32),
+                          **kwargs) -> tuple[list[int], list[float]]:
+    """(tokens per step, estimated peak bytes per parameter) over batch sizes (chapter: 1)."""
+    cfg = model if isinstance(model, ModelConfig) else get_config(model)
+    n = cfg.num_parameters()
+    tokens, bpp = [], []
+    for b in batches:
+        tokens.append(b * seq_len)
+        bpp.append(estimate(cfg, batch_size=b, seq_len=seq_len, **kwargs).peak_bytes / n)
+    return tokens, bpp
+
+
+def saved_by_stage(saved: list[SavedTensor]) -> dict[str, int]:
+    """Bytes of one block's saved tensors by stage, plus the tensors kept once (chapter: 1)."""
+    out = {"autocast weight copies": 0, "attention norm": 0, "attention": 0, "MLP norm": 0,
+           "MLP": 0}
+    for t in saved:
+        if t.scope == "layer":
+            stage = _stage(t)
+            out["autocast weight copies" if stage == "casts" else stage] += t.bytes
+    out["kept once, outside the blocks"] = sum(t.bytes for t in saved if t.scope != "layer")
+    return out

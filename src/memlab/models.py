@@ -4,6 +4,9 @@
   ``F.scaled_dot_product_attention``, SwiGLU MLP, untied head, no biases.
 * GPT-2 style: LayerNorm, GELU MLP, learned positions, biases, head tied to the embedding.
 
+For generation, :class:`KVCache` keeps every layer's keys and values; ``model(idx, kv_cache)``
+runs a prompt (prefill) or one new token (decode) at the absolute positions the cache is at.
+
 Presets reproduce the published models' parameter counts exactly (tests pin them).
 Names follow the papers and nanoGPT: B batch, T sequence, C model width (d_model),
 nh query heads, nkv key/value heads, hs head size.
@@ -99,7 +102,7 @@ class ModelConfig:
         C, L, V, F_ = self.d_model, self.n_layer, self.vocab_size, self.ffn_dim
         kv = self.kv_heads * self.head_dim
         if self.style == "gpt2":
-            attn = C * 3 * C + 3 * C + C * C + C  # c_attn (qkv) + c_proj, with biases
+            attn = (C * C + C) + 2 * (C * kv + kv) + (C * C + C)  # q, k, v, o with biases
             mlp = C * F_ + F_ + F_ * C + C
             norms = 2 * 2 * C  # two LayerNorms, weight + bias
             block = attn + mlp + norms
@@ -137,6 +140,11 @@ PRESETS: dict[str, ModelConfig] = {
     "gpt2-xl": ModelConfig(
         name="gpt2-xl", style="gpt2", vocab_size=50257, n_layer=48, n_head=25, d_model=1600,
         max_seq_len=1024,
+    ),
+    # TinyLlama-1.1B's shape: the book's Llama-style "1B-class" model.
+    "llama-1b": ModelConfig(
+        name="llama-1b", vocab_size=32000, n_layer=22, n_head=32, n_kv_head=4, d_model=2048,
+        d_ff=5632, max_seq_len=2048,
     ),
     "llama2-7b": ModelConfig(
         name="llama2-7b", vocab_size=32000, n_layer=32, n_head=32, d_model=4096, d_ff=11008,
@@ -264,10 +272,10 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_cache(T: int, hs: int, theta: float, device=None):
-    """cos and sin tables for rotary embeddings (Su et al. 2021), each (T, hs/2), fp32 (chapter: 1)."""
+def rope_cache(T: int, hs: int, theta: float, device=None, start: int = 0):
+    """cos and sin tables for rotary embeddings (Su et al. 2021) at positions start..start+T-1, each (T, hs/2), fp32 (chapter: 1)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, device=device, dtype=torch.float32) / hs))
-    t = torch.arange(T, device=device, dtype=torch.float32)
+    t = torch.arange(start, start + T, device=device, dtype=torch.float32)
     freqs = torch.outer(t, inv_freq)  # (T, hs/2)
     return freqs.cos(), freqs.sin()
 
@@ -277,6 +285,29 @@ def apply_rope(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class KVCache:
+    """Keys and values of every layer, preallocated for ``max_len`` positions (chapter: 1).
+
+    ``k[i]`` and ``v[i]`` are layer i's tensors, (B, nkv, max_len, hs) each, in the model's
+    dtype; positions [0, pos) are filled. Its bytes are fixed when it is made:
+    2 x n_layer x B x nkv x max_len x hs x bytes per value.
+    """
+
+    def __init__(self, cfg: ModelConfig, batch_size: int, max_len: int, *, device=None,
+                 dtype=None):
+        if max_len > cfg.max_seq_len:
+            raise MemlabError(f"KV cache length {max_len} exceeds max_seq_len {cfg.max_seq_len}")
+        shape = (batch_size, cfg.kv_heads, max_len, cfg.head_dim)  # (B, nkv, max_len, hs)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.max_len = max_len
+        self.pos = 0  # number of positions filled
+
+    def nbytes(self) -> int:
+        """Bytes of all the keys and values (chapter: 1)."""
+        return sum(t.untyped_storage().nbytes() for t in self.k + self.v)
 
 
 class Attention(nn.Module):
@@ -292,7 +323,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(C, cfg.kv_heads * hs, bias=bias)
         self.o_proj = nn.Linear(cfg.n_head * hs, C, bias=bias)
 
-    def forward(self, x, rope=None):
+    def forward(self, x, rope=None, cache=None, layer=0):
         cfg = self.cfg
         B, T, C = x.shape
         nh, nkv, hs = cfg.n_head, cfg.kv_heads, cfg.head_dim
@@ -302,14 +333,26 @@ class Attention(nn.Module):
         if rope is not None:
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        pos = 0
+        if cache is not None:  # write the new positions, then attend over all filled ones
+            pos = cache.pos
+            cache.k[layer][:, :, pos : pos + T] = k
+            cache.v[layer][:, :, pos : pos + T] = v
+            k = cache.k[layer][:, :, : pos + T]  # (B, nkv, S, hs), S = pos + T; a view
+            v = cache.v[layer][:, :, : pos + T]
+        S = k.size(2)  # keys: S = T without a cache
         if nkv != nh:  # GQA: each key/value head serves nh/nkv query heads
-            k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, T, hs)
+            k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, S, hs)
             v = v.repeat_interleave(nh // nkv, dim=1)
-        if cfg.attention == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
-        else:  # eager: materialises the (T, T) scores and keeps the softmax for backward
-            future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)  # (T, T)
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
+        if cfg.attention == "sdpa" and pos == 0:  # no cache, or a prompt into an empty one
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)  # (B, nh, T, hs)
+        elif cfg.attention == "sdpa":
+            # Query i sits at position pos + i: it sees keys 0..pos+i. One new token sees all.
+            mask = None if T == 1 else torch.ones(T, S, dtype=torch.bool, device=x.device).tril(pos)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, hs)
+        else:  # eager: materialises the (T, S) scores and keeps the softmax for backward
+            future = torch.ones(T, S, dtype=torch.bool, device=x.device).triu(pos + 1)  # (T, S)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
             att = att.masked_fill(future, float("-inf"))
             att = att.softmax(dim=-1)  # kept for backward: the s^2 term of eager attention
             y = att @ v  # (B, nh, T, hs)
@@ -351,8 +394,8 @@ class Block(nn.Module):
         self.norm2 = Norm(cfg.d_model)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rope=None):
-        x = x + self.attn(self.norm1(x), rope)
+    def forward(self, x, rope=None, cache=None, layer=0):
+        x = x + self.attn(self.norm1(x), rope, cache, layer)
         return x + self.mlp(self.norm2(x))
 
 
@@ -376,22 +419,35 @@ class Transformer(nn.Module):
         # Full activation checkpointing: keep only each block's input, recompute the rest.
         self.gradient_checkpointing = False
 
-    def forward(self, idx):  # idx: (B, T) token ids
+    def forward(self, idx, kv_cache: KVCache | None = None, *, last_only: bool = False):
+        """Logits (B, T, V) for token ids (B, T); with ``kv_cache``, at positions pos..pos+T-1.
+
+        ``last_only=True`` computes the last position's logits only, (B, 1, V): all that
+        generation needs, and it spares the (B, T, V) logits of a prompt.
+        """
         B, T = idx.shape
-        if self.cfg.max_seq_len < T:
-            raise MemlabError(f"sequence length {T} exceeds max_seq_len {self.cfg.max_seq_len}")
+        pos = 0 if kv_cache is None else kv_cache.pos
+        if self.cfg.max_seq_len < pos + T:
+            raise MemlabError(f"sequence length {pos + T} exceeds max_seq_len {self.cfg.max_seq_len}")
+        if kv_cache is not None and kv_cache.max_len < pos + T:
+            raise MemlabError(f"sequence length {pos + T} exceeds the KV cache's {kv_cache.max_len}")
         x = self.tok_emb(idx)  # (B, T, C)
         rope = None
         if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(T, device=idx.device))  # (B, T, C)
+            x = x + self.pos_emb(torch.arange(pos, pos + T, device=idx.device))  # (B, T, C)
         else:
-            rope = rope_cache(T, self.cfg.head_dim, self.cfg.rope_theta, device=idx.device)
-        for block in self.blocks:
-            if self.gradient_checkpointing and torch.is_grad_enabled():
+            rope = rope_cache(T, self.cfg.head_dim, self.cfg.rope_theta, device=idx.device,
+                              start=pos)
+        for i, block in enumerate(self.blocks):
+            if self.gradient_checkpointing and torch.is_grad_enabled() and kv_cache is None:
                 x = checkpoint(block, x, rope, use_reentrant=False)
             else:
-                x = block(x, rope)
-        return self.lm_head(self.norm_f(x))  # (B, T, V)
+                x = block(x, rope, kv_cache, i)
+        if kv_cache is not None:
+            kv_cache.pos = pos + T
+        if last_only:
+            x = x[:, -1:]  # (B, 1, C)
+        return self.lm_head(self.norm_f(x))  # (B, T, V), or (B, 1, V)
 
 
 def build_model(

@@ -89,3 +89,56 @@ def step_phases(step, unit: str | None = None, title: str | None = None):
             for phase, cats in d["phase_breakdown"].items()}
     unit = unit or ("GiB" if d["peak_bytes"] >= 2**30 else "MiB")
     return step_breakdown(rows, unit=unit, title=title)
+
+
+def compare_phases(results: dict, unit: str | None = None, title: str | None = None):
+    """Phase-by-phase bars of several results (estimate, trace, measurement) one above the other (chapter: 1)."""
+    rows = {}
+    peak = 0
+    for label, res in results.items():
+        d = _as_dict(res)
+        peak = max(peak, d["peak_bytes"])
+        for phase, cats in d["phase_breakdown"].items():
+            rows[f"{label}: {phase}"] = {f"{c}_bytes": v for c, v in cats.items()}
+    unit = unit or ("GiB" if peak >= 2**30 else "MiB")
+    return step_breakdown(rows, unit=unit, title=title)
+
+
+def bytes_per_param(curves: dict, rules: dict | None = None, title: str | None = None):
+    """Peak bytes per parameter against tokens per step, with rules of thumb as lines (chapter: 1).
+
+    ``curves`` maps a label to ``(tokens, bytes_per_param)`` sequences; ``rules`` maps a label
+    to a constant bytes-per-parameter value.
+    """
+    style()
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    for label, (tokens, bpp) in curves.items():
+        ax.plot(tokens, bpp, marker="o", ms=3, label=label)
+    for i, (label, value) in enumerate((rules or {}).items()):
+        ax.axhline(value, color="0.4", ls=("--", ":", "-.")[i % 3], lw=1)
+        ax.annotate(label, (1, value), xycoords=("axes fraction", "data"), xytext=(-4, 2),
+                    textcoords="offset points", ha="right", fontsize=8, color="0.3")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens per step (batch x sequence)")
+    ax.set_ylabel("peak bytes per parameter")
+    ax.legend(loc="upper left")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def error_histogram(errors: list[float], limit: float = 0.03, title: str | None = None):
+    """Histogram of relative errors (estimate / measurement - 1) with the tolerance marked (chapter: 1)."""
+    style()
+    fig, ax = plt.subplots(figsize=(7.0, 3.0))
+    pct = [100 * e for e in errors]
+    ax.hist(pct, bins=30, color=CATEGORY_COLORS["parameters"])
+    for x in (-100 * limit, 100 * limit):
+        ax.axvline(x, color="0.3", ls="--", lw=1)
+    ax.set_xlabel("peak: estimate / trace - 1 (%)")
+    ax.set_ylabel("configurations")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig

@@ -1,72 +1,103 @@
-"""Lab 1, "Measure the memory of a training step": predict, then measure.
+"""Lab 1, "Where the memory goes": predict, then measure or estimate.
 
-Every expected value is computed from what the notebook measured (passed in as
-context) or from the model's config, never typed in.
+Every expected value is computed at check time from what the notebook measured or traced
+(passed in as context), or from :func:`memlab.memory.estimate` and the GPU catalogue,
+never typed in. Everything the lab runs is small (the ``tiny`` preset, traced or measured
+on the CPU), so it takes the same few seconds on every machine and at every scale.
 """
 
 from __future__ import annotations
 
+from memlab.gpus import CATALOGUE, fits
 from memlab.lab import define_lab
+from memlab.memory import estimate
+
+# Exercise 1.1: the training setups whose bytes per parameter are measured on the tiny model.
+SETUPS = {
+    "fp32 AdamW": dict(precision="fp32", optimizer="adamw"),
+    "bf16-mixed AdamW": dict(precision="bf16-mixed", optimizer="adamw"),
+    "bf16 AdamW": dict(precision="bf16", optimizer="adamw"),
+    "fp32 SGD with momentum": dict(precision="fp32", optimizer="sgd-momentum"),
+}
+
+# Exercises 1.2 and 1.3: the batch and sequence at which one block of the tiny model is traced.
+BLOCK = dict(model="tiny", batch_size=4, seq_len=64, precision="fp32")
+
+# Exercise 1.4: fine-tuning jobs, each checked against the GPU catalogue.
+JOB_SHAPE = dict(batch_size=1, seq_len=2048, checkpointing=True)
+JOBS = {
+    "llama2-7b, bf16-mixed, AdamW": dict(model="llama2-7b", precision="bf16-mixed",
+                                         optimizer="adamw"),
+    "llama2-7b, bf16, 8-bit AdamW": dict(model="llama2-7b", precision="bf16",
+                                         optimizer="adamw-8bit"),
+    "llama2-13b, bf16-mixed, AdamW": dict(model="llama2-13b", precision="bf16-mixed",
+                                          optimizer="adamw"),
+}
+
+NONE = "none"
 
 
-def _at_optimizer_step(step) -> dict:
-    """Bytes by category at the optimizer step's peak, when gradients and states are all alive."""
-    return step.phase_breakdown["optimizer"]
+def bytes_per_parameter(step) -> float:
+    """Parameters + gradients + optimizer states at the optimizer step, per parameter."""
+    at_step = step.phase_breakdown["optimizer"]
+    total = sum(at_step[c] for c in ("parameters", "gradients", "optimizer_states"))
+    return total / step.setup["parameters"]
 
 
-def _forward_activations(step) -> int:
-    """Activation bytes at the forward pass's peak, when all of them are alive."""
-    return step.phase_breakdown["forward"]["activations"]
+def one_block_bytes(blocks) -> int:
+    """Saved activations of one block: a 2-block model's minus a 1-block model's."""
+    return blocks[2].saved_activations_bytes - blocks[1].saved_activations_bytes
 
 
-lab = define_lab("lab01", "Measure the memory of a training step")
+def gpus_by_memory() -> list:
+    """The catalogue from the smallest usable memory to the largest."""
+    return sorted(CATALOGUE, key=lambda gpu: gpu.usable_bytes)
+
+
+def smallest_gpu(peak_bytes: int) -> str:
+    """Name of the smallest catalogue GPU that holds ``peak_bytes``, or 'none'."""
+    return next((gpu.name for gpu in gpus_by_memory() if fits(peak_bytes, gpu)), NONE)
+
+
+def job_peak_bytes(job: dict) -> int:
+    """The estimated peak of one fine-tuning job of :data:`JOBS` (CUDA, the defaults of estimate)."""
+    return estimate(job["model"], **JOB_SHAPE, precision=job["precision"],
+                    optimizer=job["optimizer"]).peak_bytes
+
+
+lab = define_lab("lab01", "Where the memory goes")
 
 lab.exercise(
     "1.1",
-    "bytes of the model's fp32 parameters, predicted from its parameter count (within 1%)",
-    expected=lambda step: _at_optimizer_step(step)["parameters"],
-    rtol=0.01,  # on CUDA each tensor is rounded up to the allocator's 512-byte blocks
-    hint="an fp32 value takes 4 bytes; use cfg.num_parameters()",
+    "bytes per parameter of parameters + gradients + optimizer states, for each setup (within 1%)",
+    expected=lambda steps: {name: bytes_per_parameter(step) for name, step in steps.items()},
+    rtol=0.01,  # Adam's step counters add a few bytes per parameter tensor
+    hint="answer a dict with the keys of SETUPS; for each, add the bytes of a weight, its "
+    "gradient and the optimizer's state per parameter, in the dtypes that setup keeps them in",
 )
 lab.exercise(
     "1.2",
-    "bytes of AdamW's optimizer states, predicted from the parameter count (within 1%)",
-    expected=lambda step: _at_optimizer_step(step)["optimizer_states"],
-    rtol=0.01,
-    hint="AdamW keeps two fp32 values per parameter: the first moment m and the second moment v",
+    "bytes of activations one transformer block saves for the backward pass (within 5%)",
+    expected=lambda blocks: one_block_bytes(blocks),
+    rtol=0.05,
+    hint="count the (B, T, C) and (B, T, F) tensors of the block (norms, q, k, v, the "
+    "attention output, the MLP), 4 bytes per value; memlab.memory.saved_tensors lists them",
 )
 lab.exercise(
     "1.3",
-    "bytes per parameter of parameters + gradients + AdamW states in fp32 (within 1%)",
-    expected=lambda step: sum(
-        _at_optimizer_step(step)[c] for c in ("parameters", "gradients", "optimizer_states")
-    ) / step.setup["parameters"],
-    rtol=0.01,
-    hint="add the bytes per parameter of the weight, its gradient and the two Adam moments",
+    "one block's activations at 2T over those at T, for sdpa and for eager attention (within 5%)",
+    expected=lambda at_t, at_2t: {
+        attention: one_block_bytes(at_2t[attention]) / one_block_bytes(at_t[attention])
+        for attention in at_t
+    },
+    rtol=0.05,
+    hint="answer a dict {'sdpa': ..., 'eager': ...}; the (B, T, C) and (B, T, F) tensors grow "
+    "with T, but eager attention also keeps the (B, nh, T, T) softmax and a (T, T) mask",
 )
 lab.exercise(
     "1.4",
-    "peak bytes of allocating one (B, T, C) fp32 activation, measured with measure_peak",
-    expected=lambda shape: 4 * shape[0] * shape[1] * shape[2],
-    hint="call memlab.measure.measure_peak(torch.empty, B, T, C) and read peak_allocated_bytes",
+    "the smallest GPU of the catalogue that holds each fine-tuning job, or 'none'",
+    expected=lambda jobs: {name: smallest_gpu(job_peak_bytes(job)) for name, job in jobs.items()},
+    hint="answer a dict with the keys of JOBS and GPU names as values; count the bytes per "
+    "parameter of each job, turn them into GiB and compare with the usable GiB of each GPU",
 )
-lab.exercise(
-    "1.5",
-    "the phase of the step ('forward', 'backward' or 'optimizer') that holds the peak",
-    expected=lambda step: step.peak_phase,
-    hint="look at step.phase_peak_bytes, or think about when the gradients and the Adam "
-    "scratch tensors are alive together",
-)
-lab.exercise(
-    "1.6",
-    "activation bytes at batch 2B divided by those at batch B, predicted (within 10%)",
-    expected=lambda step, step_2b: _forward_activations(step_2b) / _forward_activations(step),
-    rtol=0.10,
-    hint="every stored activation has a batch dimension",
-)
-
-# The model and batch the lab measures, per scale (B is doubled in exercise 1.6).
-SIZES = {
-    "ci": dict(model="tiny", batch_size=4, seq_len=64),
-    "full": dict(model="gpt2", batch_size=2, seq_len=512),
-}
