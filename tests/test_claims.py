@@ -23,3 +23,16 @@ def test_table_columns():
     assert list(df["verdict"]) == [HOLDS, WRONG]
     df2 = table([judge("a", True, "e", claim="C01")])
     assert list(df2.columns) == ["claim", "statement", "verdict", "evidence"]
+
+
+def test_every_registered_claim_computes_a_verdict():
+    from memlab.claims import CHECKS, VERDICTS, verdicts
+
+    results = verdicts()
+    assert [v.claim for v in results] == sorted(CHECKS)
+    assert {"C01", "C02", "C03", "C04", "C05", "C39", "C41"} <= set(CHECKS)
+    for v in results:
+        assert v.verdict in VERDICTS and v.evidence and v.statement
+        assert v.verdict == "holds" or v.note  # a caveat or a correction is always stated
+    with pytest.raises(MemlabError, match="unknown claim"):
+        verdicts(["C99"])

@@ -156,3 +156,64 @@ def test_parameter_count_matches_the_model():
     cfg = get_config("mistral-7b")
     assert estimate(cfg, batch_size=1, seq_len=16).parameters == count_parameters(
         build_model(cfg, device="meta"))
+
+
+def test_adamw_8bit_states_match_bitsandbytes():
+    """The 8-bit rule against bitsandbytes' own AdamW8bit, on a model with small and large tensors."""
+    bnb = pytest.importorskip("bitsandbytes")
+    import torch
+
+    from memlab.models import lm_loss
+
+    cfg = get_config("tiny", d_model=256, n_head=4, d_ff=704, vocab_size=4096)
+    model = build_model(cfg)
+    opt = bnb.optim.AdamW8bit(model.parameters(), lr=1e-3)
+    idx = torch.randint(0, cfg.vocab_size, (2, 16))
+    lm_loss(model(idx), idx).backward()
+    opt.step()
+    storages = {}
+    for state in opt.state.values():
+        for value in state.values():
+            if torch.is_tensor(value):
+                storages[value.untyped_storage().data_ptr()] = value.untyped_storage().nbytes()
+    assert optimizer_state_bytes(cfg, "fp32", "adamw-8bit") == sum(storages.values())
+
+
+def test_cli_trace_and_estimate_with_cpu_conventions_agree_where_the_backward_peaks(capsys):
+    """At batch 4 x 256 the backward pass holds the peak, so activations must agree too."""
+    from memlab.cli import main
+
+    args = ["--model", "llama-1b", "--precision", "bf16-mixed", "--batch-size", "4",
+            "--seq-len", "256", "--optimizer-impl", "fused", "--json"]
+    assert main(["estimate", *args, "--device", "cpu"]) == 0
+    est = json.loads(capsys.readouterr().out)
+    assert main(["trace", *args]) == 0
+    tr = json.loads(capsys.readouterr().out)
+    assert est["conventions"] == tr["conventions"] == "cpu"
+    assert tr["peak_phase"] == "backward"
+    for key in ("weights_bytes", "gradients_bytes", "optimizer_bytes"):
+        assert est[key] == tr[key]
+    assert abs(est["activations_bytes"] / tr["activations_bytes"] - 1) < 0.03
+    assert abs(est["peak_bytes"] / tr["peak_bytes"] - 1) < 0.03
+
+
+def test_bad_switch_combinations():
+    with pytest.raises(MemlabError, match="checkpointing must be True or False"):
+        estimate("tiny", batch_size=1, seq_len=8, checkpointing="yes")
+    with pytest.raises(MemlabError, match="adamw-8bit"):
+        estimate("tiny", batch_size=1, seq_len=8, optimizer="adamw-8bit", optimizer_impl="fused")
+    with pytest.raises(MemlabError, match="training switches"):
+        estimate("tiny", batch_size=1, seq_len=8, mode="inference", checkpointing=True)
+    assert estimate("tiny", batch_size=1, seq_len=8, mode="inference", precision="fp16").peak_bytes > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_cuda_conventions_against_a_real_gpu_step(precision):
+    """On a GPU, the estimate with CUDA conventions against the allocator-backed measurement."""
+    kw = dict(batch_size=2, seq_len=256, precision=precision, optimizer="adamw")
+    measured = measure_step("gpt2", device="cuda", **kw)
+    est = estimate("gpt2", device="cuda", **kw)
+    assert abs(est.activations_bytes / measured.saved_activations_bytes - 1) < 0.03
+    assert abs(est.peak_bytes / measured.peak_bytes - 1) < 0.03

@@ -80,7 +80,9 @@ def _step_json(result, mode: str) -> dict:
         keys = dict(weights_bytes=steady["parameters"], gradients_bytes=steady["gradients"],
                     optimizer_bytes=steady["optimizer_states"],
                     activations_bytes=result.saved_activations_bytes)
-    return dict(mode=mode, parameters=result.setup["parameters"], **keys,
+    # The trace runs on fake CPU tensors, so it follows CPU conventions; the estimate says which.
+    conventions = result.setup.get("device", "cpu") if mode == "estimate" else "cpu"
+    return dict(mode=mode, conventions=conventions, parameters=result.setup["parameters"], **keys,
                 peak_bytes=result.peak_bytes, peak_phase=result.peak_phase,
                 phase_peak_bytes=result.phase_peak_bytes, setup=result.setup)
 

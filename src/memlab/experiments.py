@@ -72,7 +72,7 @@ STEP_SIZES = {
     sizes=STEP_SIZES,
 )
 def step_memory(scale: str | None = None, *, precision: str = "fp32", optimizer: str = "adamw"):
-    """Measure one training step of a real model on this device (returns ``StepMemory``; chapter: 0)."""
+    """A real training step's bytes by category, measured on this device, as ``StepMemory`` (chapter: 0)."""
     from memlab.measure import measure_step, trace_step
 
     scale = get_scale(scale)
@@ -99,7 +99,7 @@ TRACE_SIZES = {
     sizes=TRACE_SIZES,
 )
 def trace_7b(scale: str | None = None, *, precision: str = "fp32", optimizer: str = "adamw"):
-    """Trace a 7B model's training step without allocating it (returns ``StepMemory``; chapter: 0)."""
+    """A Llama-2-7B training step's bytes by category, traced without allocating, as ``StepMemory`` (chapter: 0)."""
     from memlab.measure import trace_step
 
     size = TRACE_SIZES[get_scale(scale)]

@@ -119,8 +119,13 @@ def bytes_per_param(curves: dict, rules: dict | None = None, title: str | None =
         ax.annotate(label, (1, value), xycoords=("axes fraction", "data"), xytext=(-4, 2),
                     textcoords="offset points", ha="right", fontsize=8, color="0.3")
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ticks = [8, 16, 24, 40, 80, 160, 320, 640]
+    top = max(max(b) for _, b in curves.values())
+    ax.set_yticks([t for t in ticks if t <= 2 * top], [str(t) for t in ticks if t <= 2 * top])
+    ax.minorticks_off()
     ax.set_xlabel("tokens per step (batch x sequence)")
-    ax.set_ylabel("peak bytes per parameter")
+    ax.set_ylabel("peak bytes per parameter (log scale)")
     ax.legend(loc="upper left")
     if title:
         ax.set_title(title)
