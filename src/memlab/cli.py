@@ -5,6 +5,7 @@
     memlab run <experiment> [--scale ci|full] [--out results/] [--json]
     memlab estimate --model <preset|config.json> --batch-size B --seq-len S [options] [--json]
     memlab trace    (the same options)           measure under FakeTensorMode instead
+    memlab bits <value> [--format <fmt>] [--json] how a value is stored (all formats by default)
 
 Bad input prints one line, ``memlab: error: …`` naming the accepted values, and exits 2.
 """
@@ -33,7 +34,7 @@ def _build_parser() -> argparse.ArgumentParser:
     from memlab.experiments import EXPERIMENTS
 
     p = _Parser(prog="memlab", description="Measure the memory of LLM training steps.")
-    sub = p.add_subparsers(dest="command", metavar="{env,list,run,estimate,trace}",
+    sub = p.add_subparsers(dest="command", metavar="{env,list,run,estimate,trace,bits}",
                            parser_class=_Parser)
     sub.add_parser("env", help="print the device, versions and scale")
     sub.add_parser("list", help="list the experiments")
@@ -45,7 +46,51 @@ def _build_parser() -> argparse.ArgumentParser:
     for name, helptext in (("estimate", "estimate a step's memory from formulas"),
                            ("trace", "count a step's memory under FakeTensorMode")):
         _step_options(sub.add_parser(name, help=helptext), estimate=name == "estimate")
+    _bits_options(sub.add_parser("bits", help="show the bits and stored value of a number"))
     return p
+
+
+# Any float literal, so that ``memlab bits -1.5e-3`` or ``-inf`` is a value, not an option.
+_FLOAT_LITERAL = r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$"
+
+
+def _bits_options(p: argparse.ArgumentParser) -> None:
+    import re
+
+    from memlab.formats import FORMATS
+
+    p._negative_number_matcher = re.compile(_FLOAT_LITERAL, re.IGNORECASE)
+    p.add_argument("value", help="a number: 3.14, -1e-3, inf, nan, -0.0")
+    p.add_argument("--format", default=None,
+                   help=f"one of: {', '.join(FORMATS)} (default: one line for each)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (a list of them without --format)")
+
+
+def _cmd_bits(args) -> int:
+    from memlab.formats import FORMATS, bits
+
+    if args.format is not None:
+        pattern = bits(args.value, args.format)
+        print(json.dumps(pattern.as_dict()) if args.json else pattern.line())
+        return 0
+    bits(args.value, "fp32")  # a non-number fails here, once
+    rows = []
+    for fmt in FORMATS:
+        try:
+            pattern = bits(args.value, fmt)
+        except MemlabError as exc:  # out of range for an integer or code-book format
+            rows.append((dict(fmt=fmt, sign=None, exponent=None, mantissa=None, bit_string=None,
+                              value=None, input=None, error=None, note=str(exc)),
+                         f"{fmt:<8}  -  ({exc})"))
+        else:
+            rows.append((pattern.as_dict(), pattern.line()))
+    if args.json:
+        print(json.dumps([d for d, _ in rows]))
+    else:
+        for _, line in rows:
+            print(line)
+    return 0
 
 
 def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
@@ -176,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_run(args, argv)
         if args.command in ("estimate", "trace"):
             return _cmd_step(args, args.command)
+        if args.command == "bits":
+            return _cmd_bits(args)
         _build_parser().print_help()
         return 0
     except MemlabError as exc:

@@ -1,0 +1,300 @@
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from memlab import MemlabError
+from memlab.cli import main
+from memlab.formats import FORMATS, _fallback_codebook, bits, codebook, round_to, spec
+
+FLOATS = ("fp32", "fp16", "bf16", "fp8-e4m3", "fp8-e5m2")
+TORCH = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+         "fp8-e4m3": torch.float8_e4m3fn, "fp8-e5m2": torch.float8_e5m2}
+
+
+def _np_dtype(fmt):
+    """The independent reference dtype: numpy for fp32/fp16, ml_dtypes for the others."""
+    if fmt in ("fp32", "fp16"):
+        return {"fp32": np.float32, "fp16": np.float16}[fmt]
+    ml = pytest.importorskip("ml_dtypes")
+    return {"bf16": ml.bfloat16, "fp8-e4m3": ml.float8_e4m3fn, "fp8-e5m2": ml.float8_e5m2}[fmt]
+
+
+def _uint(fmt):
+    return {32: np.uint32, 16: np.uint16, 8: np.uint8}[spec(fmt).bits]
+
+
+def _reference(xs, fmt):
+    """Stored values and bit patterns of ``xs`` in ``fmt`` by numpy / ml_dtypes."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        stored = np.asarray(xs).astype(_np_dtype(fmt))
+    return stored.astype(np.float64), stored.view(_uint(fmt)).astype(np.int64)
+
+
+def _random(n, lo, hi, dtype, seed):
+    rng = np.random.default_rng(seed)
+    mag = np.exp2(rng.uniform(lo, hi, n)) * rng.choice([-1.0, 1.0], n)
+    return mag.astype(dtype)
+
+
+def _edges(fmt):
+    s = spec(fmt)
+    sub, mn, mx = s.min_subnormal, s.min_normal, s.max
+    vals = [0.0, -0.0, sub, mn - sub, mn, mx, mx * 1.0001, math.inf, math.nan, 1.0,
+            sub / 2, 1.5 * sub, 1 + s.eps / 2, 1 + 1.5 * s.eps, mn * (1 + s.eps / 2), math.pi]
+    return [v for x in vals for v in (x, -x)]
+
+
+def _same(a, b):
+    return (a == b) | (np.isnan(a) & np.isnan(b))
+
+
+def _check_against_reference(xs, fmt):
+    want_value, want_bits = _reference(xs, fmt)
+    got = round_to(torch.from_numpy(np.asarray(xs, dtype=np.float64)), fmt).numpy()
+    assert _same(got, want_value).all(), np.asarray(xs)[~_same(got, want_value)][:5]
+    for x, value, pattern in zip(np.asarray(xs)[::7], want_value[::7], want_bits[::7], strict=True):
+        b = bits(float(x), fmt)
+        assert _same(np.float64(b.value), value), (x, b)
+        if not math.isnan(value):  # NaN payloads and signs may differ
+            assert int(b.bit_string, 2) == pattern, (x, b)
+        assert b.bit_string == b.sign + b.exponent + b.mantissa
+
+
+# --- spec ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", FLOATS)
+def test_float_spec_matches_torch_and_reference(fmt):
+    s, fi = spec(fmt), torch.finfo(TORCH[fmt])
+    assert (s.kind, s.bits, s.max, s.min, s.min_normal, s.eps) == (
+        "float", fi.bits, fi.max, fi.min, fi.smallest_normal, fi.eps)
+    ref = np.finfo(_np_dtype(fmt)) if fmt in ("fp32", "fp16") else \
+        pytest.importorskip("ml_dtypes").finfo(_np_dtype(fmt))
+    assert (s.mantissa_bits, s.exponent_bits) == (ref.nmant, ref.nexp)
+    assert s.min_subnormal == float(ref.smallest_subnormal)
+    assert s.sign_bits + s.exponent_bits + s.mantissa_bits == s.bits
+    assert s.min_normal == 2.0 ** (1 - s.bias)
+    assert s.has_nan and s.has_inf == (fmt != "fp8-e4m3")
+
+
+def test_integer_and_code_specs():
+    i8 = spec("int8")
+    assert (i8.bits, i8.min, i8.max) == (8, torch.iinfo(torch.int8).min, torch.iinfo(torch.int8).max)
+    assert (spec("int4").min, spec("int4").max) == (-8, 7)
+    for fmt in ("nf4", "fp4"):
+        s = spec(fmt)
+        assert (s.kind, s.bits, len(s.codebook), s.min, s.max) == ("code", 4, 16, -1.0, 1.0)
+    assert {spec(f).kind for f in FORMATS} == {"float", "int", "code"}
+
+
+def test_codebooks_are_bitsandbytes():
+    bnbf = pytest.importorskip("bitsandbytes.functional")
+    for fmt in ("nf4", "fp4"):
+        want = bnbf.get_4bit_type(fmt, device="cpu").tolist()
+        assert list(codebook(fmt)) == want
+        assert list(_fallback_codebook(fmt)) == want
+
+
+# --- float formats against numpy / ml_dtypes ----------------------------------------------------
+
+@pytest.mark.parametrize("fmt", FLOATS)
+def test_edges_match_reference(fmt):
+    xs = [x for x in _edges(fmt) if not (fmt == "fp8-e4m3" and abs(x) > 464)]
+    if fmt in ("fp32", "fp16"):
+        _check_against_reference(np.array(xs, dtype=np.float64), fmt)
+    else:  # ml_dtypes casts float64 through float32 (double rounding): give it float32
+        _check_against_reference(np.array(xs, dtype=np.float32), fmt)
+
+
+def test_fp16_random_float64_matches_numpy():
+    xs = _random(4000, -26, 17, np.float64, seed=1)
+    _check_against_reference(xs, "fp16")
+
+
+def test_fp32_random_float64_matches_numpy():
+    _check_against_reference(_random(4000, -150, 128, np.float64, seed=2), "fp32")
+
+
+@pytest.mark.parametrize("fmt,lo,hi", [("bf16", -135, 128), ("fp8-e4m3", -11, 8.85),
+                                       ("fp8-e5m2", -18, 17)])
+def test_narrow_random_float32_matches_ml_dtypes(fmt, lo, hi):
+    # fp8-e4m3 stops below 464: past it ml_dtypes gives NaN, torch saturates (tested below).
+    _check_against_reference(_random(4000, lo, hi, np.float32, seed=3), fmt)
+
+
+@pytest.mark.parametrize("fmt", ("fp16", "bf16", "fp8-e4m3", "fp8-e5m2"))
+def test_no_double_rounding_from_float64(fmt):
+    eps = float(np.finfo(_np_dtype(fmt)).eps) if fmt == "fp16" else \
+        float(pytest.importorskip("ml_dtypes").finfo(_np_dtype(fmt)).eps)
+    assert round_to(1 + eps / 2, fmt) == 1.0  # a tie goes to the even mantissa
+    assert round_to(1 + eps / 2 + 2.0**-40, fmt) == 1 + eps  # just above the tie
+    assert round_to(-(1 + 1.5 * eps), fmt) == -(1 + 2 * eps)
+
+
+@pytest.mark.parametrize("fmt", FLOATS)
+def test_pi(fmt):
+    want, _ = _reference(np.array([np.float32(math.pi)]), fmt)
+    assert bits(math.pi, fmt).value == round_to(np.float32(math.pi), fmt) == want[0]
+
+
+def test_fp8_e4m3_saturates_like_torch():
+    xs = [465.0, 480.0, 1e6, 3e38, math.inf]
+    for x in xs + [-x for x in xs]:
+        b = bits(x, "fp8-e4m3")
+        torch_value = torch.tensor(x).to(torch.float8_e4m3fn).item()
+        assert b.value == torch_value == math.copysign(448.0, x)
+        assert b.note == "saturated" and b.bit_string[1:] == "1111110"
+    assert bits(450.0, "fp8-e4m3").note == "normal"  # rounding, not saturation
+    assert bits(math.nan, "fp8-e4m3").note == "NaN"
+
+
+def test_overflow_to_inf_and_notes():
+    for fmt in ("fp16", "bf16", "fp8-e5m2"):
+        b = bits(spec(fmt).max * 2, fmt)
+        assert b.value == math.inf and b.note == "overflow -> inf" and b.error == math.inf
+        assert bits(-math.inf, fmt).note == "inf" and bits(-math.inf, fmt).error == 0
+    assert bits(spec("fp16").min_subnormal, "fp16").note == "subnormal"
+    assert bits(1e-9, "fp16").note == "underflow -> 0"
+    assert bits("-0.0", "fp16").bit_string == "1" + "0" * 15
+    assert bits("3.14159265", "fp16").value == 3.140625
+
+
+def test_round_to_tensor_keeps_shape_and_dtype():
+    t = torch.linspace(-3, 3, 12, dtype=torch.float32).reshape(3, 4)
+    for fmt in FORMATS:
+        out = round_to(t.clamp(-1, 1) if spec(fmt).kind == "code" else t, fmt)
+        assert out.shape == t.shape and out.dtype == torch.float32
+    assert round_to(t.double(), "fp16").dtype == torch.float64
+    assert round_to(torch.arange(5), "int4").dtype == torch.float32
+
+
+# --- integer formats ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ("int8", "int4"))
+def test_integers_round_half_even_twos_complement(fmt):
+    s = spec(fmt)
+    xs = np.random.default_rng(4).uniform(s.min - 0.49, s.max + 0.49, 2000)
+    xs = np.concatenate([xs, np.arange(s.min, s.max + 1) + 0.5, [-0.5, 0.5, 2.5, -2.5]])
+    xs = xs[(xs >= s.min - 0.5) & (xs <= s.max + 0.5)]
+    want = np.clip(np.round(xs), s.min, s.max)  # numpy rounds half to even
+    assert (round_to(torch.from_numpy(xs), fmt).numpy() == want).all()
+    for x, w in zip(xs[::5], want[::5], strict=True):
+        if not s.min <= np.round(x) <= s.max:  # bits refuses what round_to saturates
+            with pytest.raises(MemlabError, match="out of range"):
+                bits(float(x), fmt)
+            continue
+        b = bits(float(x), fmt)
+        assert b.value == w
+        assert b.bit_string == format(int(np.int8(w).view(np.uint8)), "08b")[-s.bits:]
+
+
+def test_integer_range_errors_and_saturation():
+    with pytest.raises(MemlabError, match=r"200.0 is out of range for int8: \[-128, 127\]"):
+        bits(200, "int8")
+    with pytest.raises(MemlabError, match=r"\[-8, 7\]"):
+        bits(-9, "int4")
+    with pytest.raises(MemlabError, match="not representable"):
+        bits("inf", "int8")
+    assert bits(-128.5, "int8").bit_string == "10000000"  # half to even: -128
+    with pytest.raises(MemlabError, match="127.5 is out of range"):
+        bits(127.5, "int8")
+    assert round_to(1e9, "int8") == 127 and round_to(-math.inf, "int4") == -8
+    with pytest.raises(MemlabError, match="NaN"):
+        round_to(math.nan, "int8")
+
+
+# --- code-book formats --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ("nf4", "fp4"))
+def test_codes_nearest_lower_index_on_ties(fmt):
+    book = np.array(codebook(fmt))
+    xs = np.random.default_rng(5).uniform(-1, 1, 2000)
+    dist = np.abs(xs[:, None] - book[None, :])
+    want = book[dist.argmin(axis=1)]  # numpy's argmin also takes the first minimum
+    assert (round_to(torch.from_numpy(xs), fmt).numpy() == want).all()
+    for x in xs[::20]:
+        b = bits(float(x), fmt)
+        assert b.value == book[int(b.bit_string, 2)] == want[list(xs).index(x)]
+        assert (b.sign, b.exponent, b.mantissa) == ("", "", "")
+    order = np.argsort(book, kind="stable")
+    for lo, hi in zip(order[:-1], order[1:], strict=True):
+        if book[lo] != book[hi]:
+            tied = np.flatnonzero((book == book[lo]) | (book == book[hi]))
+            assert int(bits((book[lo] + book[hi]) / 2, fmt).bit_string, 2) == tied.min()
+    assert bits(-0.0, fmt).value == 0.0 and int(bits(0.0, fmt).bit_string, 2) == list(book).index(0)
+    with pytest.raises(MemlabError, match=r"out of range for .*\[-1, 1\]"):
+        bits(1.5, fmt)
+    assert round_to(5.0, fmt) == 1.0
+
+
+# --- input checking -----------------------------------------------------------------------------
+
+def test_bad_input_is_one_line():
+    with pytest.raises(MemlabError, match="not a number: 'abc'"):
+        bits("abc", "fp16")
+    with pytest.raises(MemlabError, match="not a number: True"):
+        round_to(True, "fp16")
+    with pytest.raises(MemlabError, match="unknown format 'fp7'; accepted: " + ", ".join(FORMATS)):
+        spec("fp7")
+    for text in ("3.14", " inf", "nan", "-0.0", "1e-3"):
+        assert _same(np.float64(bits(text, "fp32").input), np.float64(float(text)))
+
+
+# --- command line -------------------------------------------------------------------------------
+
+def _one_line_error(capsys, argv, *needles):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memlab: error: ") and err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_cli_fp16_pi(capsys):
+    assert main(["bits", "3.14159265", "--format", "fp16"]) == 0
+    out = capsys.readouterr().out
+    assert "0 | 10000 | 1001001000" in out and "3.140625" in out
+    assert main(["bits", "3.14159265", "--format", "fp16", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert {"fmt", "sign", "exponent", "mantissa", "bit_string", "value", "input", "error",
+            "note"} <= set(d)
+    assert (d["sign"], d["exponent"], d["mantissa"], d["value"]) == ("0", "10000", "1001001000",
+                                                                     3.140625)
+
+
+def test_cli_negative_values_and_all_formats(capsys):
+    for argv in (["bits", "-1.5", "--format", "bf16", "--json"],
+                 ["bits", "--format", "bf16", "--json", "--", "-1.5"]):
+        assert main(argv) == 0
+        assert json.loads(capsys.readouterr().out)["value"] == -1.5
+    assert main(["bits", "-inf", "--format", "fp8-e4m3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["value"] == -448.0
+    assert main(["bits", "-1e-3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(FORMATS)
+    assert main(["bits", "300", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["fmt"] for r in rows] == list(FORMATS)
+    assert rows[5]["value"] is None and "[-128, 127]" in rows[5]["note"]
+
+
+def test_cli_errors(capsys):
+    _one_line_error(capsys, ["bits", "3", "--format", "fp7"], "'fp7'", ", ".join(FORMATS))
+    _one_line_error(capsys, ["bits", "abc", "--format", "fp16"], "not a number: 'abc'")
+    _one_line_error(capsys, ["bits", "abc"], "not a number: 'abc'")
+    _one_line_error(capsys, ["bits", "200", "--format", "int8"], "[-128, 127]")
+    _one_line_error(capsys, ["bits", "2", "--format", "nf4"], "[-1, 1]")
+    _one_line_error(capsys, ["bits"], "value")
+
+
+def test_codebook_fallback_without_bitsandbytes(monkeypatch):
+    import memlab.formats as formats
+
+    monkeypatch.setattr(formats, "_bitsandbytes_functional", lambda: None)
+    codebook.cache_clear()
+    try:
+        assert codebook("nf4") == _fallback_codebook("nf4") and len(codebook("fp4")) == 16
+    finally:
+        codebook.cache_clear()
