@@ -84,3 +84,18 @@ def chromium_browser() -> Iterator[object]:
             yield browser
         finally:
             browser.close()
+
+
+@pytest.fixture
+def cli_error(capsys):
+    """Run the memlab CLI and assert one line `memlab: error: ...`, exit code 2, with each needle."""
+    from memlab.cli import main
+
+    def check(argv, *needles):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("memlab: error: ") and err.count("\n") == 1, err
+        for needle in needles:
+            assert needle in err, err
+
+    return check

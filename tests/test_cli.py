@@ -7,30 +7,22 @@ import pytest
 from memlab.cli import main
 
 
-def _one_line_error(capsys, argv, *needles):
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("memlab: error: ") and err.count("\n") == 1, err
-    for needle in needles:
-        assert needle in err, err
+def test_unknown_experiment(capsys, cli_error):
+    cli_error(["run", "nope"], "'nope'", "step-memory", "trace-7b")
 
 
-def test_unknown_experiment(capsys):
-    _one_line_error(capsys, ["run", "nope"], "'nope'", "step-memory", "trace-7b")
+def test_bad_scale(capsys, cli_error):
+    cli_error(["run", "step-memory", "--scale", "huge"], "'huge'", "ci, full")
 
 
-def test_bad_scale(capsys):
-    _one_line_error(capsys, ["run", "step-memory", "--scale", "huge"], "'huge'", "ci, full")
-
-
-def test_bad_scale_from_environment(capsys, monkeypatch):
+def test_bad_scale_from_environment(capsys, cli_error, monkeypatch):
     monkeypatch.setenv("MEMLAB_SCALE", "medium")
-    _one_line_error(capsys, ["run", "step-memory"], "'medium'", "ci, full")
+    cli_error(["run", "step-memory"], "'medium'", "ci, full")
 
 
-def test_unknown_command_and_missing_argument(capsys):
-    _one_line_error(capsys, ["frobnicate"], "'frobnicate'", "env", "list", "run")
-    _one_line_error(capsys, ["run"], "run needs an experiment; accepted: estimator-accuracy, load-memory, step-memory")
+def test_unknown_command_and_missing_argument(capsys, cli_error):
+    cli_error(["frobnicate"], "'frobnicate'", "env", "list", "run")
+    cli_error(["run"], "run needs an experiment; accepted: estimator-accuracy, load-memory, step-memory")
 
 
 def test_list_and_env(capsys):
@@ -80,13 +72,13 @@ def test_trace_experiment_runs(scale, capsys):
     ("/proc/forbidden", "cannot create the --out folder '/proc/forbidden'"),
     ("/dev/null", "cannot create the --out folder '/dev/null'"),
 ])
-def test_bad_out_folder_is_refused_before_running(capsys, monkeypatch, out, message):
+def test_bad_out_folder_is_refused_before_running(capsys, cli_error, monkeypatch, out, message):
     monkeypatch.setattr("memlab.experiments.run_experiment",
                         lambda *a, **k: pytest.fail("the experiment ran"))
-    _one_line_error(capsys, ["run", "step-memory", "--out", out], message)
+    cli_error(["run", "step-memory", "--out", out], message)
 
 
-def test_scale_is_case_insensitive_everywhere(capsys, monkeypatch):
+def test_scale_is_case_insensitive_everywhere(capsys, cli_error, monkeypatch):
     from memlab.errors import MemlabError
 
     seen = {}
@@ -96,7 +88,7 @@ def test_scale_is_case_insensitive_everywhere(capsys, monkeypatch):
         raise MemlabError("stopped before running")
 
     monkeypatch.setattr("memlab.experiments.run_experiment", fake_run)
-    _one_line_error(capsys, ["run", "step-memory", "--scale", "CI"], "stopped before running")
+    cli_error(["run", "step-memory", "--scale", "CI"], "stopped before running")
     assert seen["scale"] == "ci"
 
 
@@ -114,14 +106,14 @@ def test_scale_is_case_insensitive_everywhere(capsys, monkeypatch):
     (["estimate", "--model", "tiny", "--batch-size", "two", "--seq-len", "8"],
      ["--batch-size", "invalid int value: 'two'"]),
 ])
-def test_estimate_and_trace_bad_input(capsys, argv, needles):
-    _one_line_error(capsys, argv, *needles)
+def test_estimate_and_trace_bad_input(capsys, cli_error, argv, needles):
+    cli_error(argv, *needles)
 
 
-def test_estimate_malformed_config_file(capsys, tmp_path):
+def test_estimate_malformed_config_file(capsys, cli_error, tmp_path):
     bad = tmp_path / "config.json"
     bad.write_text("{not json")
-    _one_line_error(capsys, ["estimate", "--model", str(bad), "--batch-size", "1",
+    cli_error(["estimate", "--model", str(bad), "--batch-size", "1",
                              "--seq-len", "8"], "is not valid JSON")
 
 

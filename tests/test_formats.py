@@ -244,14 +244,6 @@ def test_bad_input_is_one_line():
 
 # --- command line -------------------------------------------------------------------------------
 
-def _one_line_error(capsys, argv, *needles):
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("memlab: error: ") and err.count("\n") == 1, err
-    for needle in needles:
-        assert needle in err, err
-
-
 def test_cli_fp16_pi(capsys):
     assert main(["bits", "3.14159265", "--format", "fp16"]) == 0
     out = capsys.readouterr().out
@@ -280,13 +272,13 @@ def test_cli_negative_values_and_all_formats(capsys):
     assert rows[5]["value"] is None and "[-128, 127]" in rows[5]["note"]
 
 
-def test_cli_errors(capsys):
-    _one_line_error(capsys, ["bits", "3", "--format", "fp7"], "'fp7'", ", ".join(FORMATS))
-    _one_line_error(capsys, ["bits", "abc", "--format", "fp16"], "not a number: 'abc'")
-    _one_line_error(capsys, ["bits", "abc"], "not a number: 'abc'")
-    _one_line_error(capsys, ["bits", "200", "--format", "int8"], "[-128, 127]")
-    _one_line_error(capsys, ["bits", "2", "--format", "nf4"], "[-1, 1]")
-    _one_line_error(capsys, ["bits"], "value")
+def test_cli_errors(capsys, cli_error):
+    cli_error(["bits", "3", "--format", "fp7"], "'fp7'", ", ".join(FORMATS))
+    cli_error(["bits", "abc", "--format", "fp16"], "not a number: 'abc'")
+    cli_error(["bits", "abc"], "not a number: 'abc'")
+    cli_error(["bits", "200", "--format", "int8"], "[-128, 127]")
+    cli_error(["bits", "2", "--format", "nf4"], "[-1, 1]")
+    cli_error(["bits"], "value")
 
 
 def test_codebook_fallback_without_bitsandbytes(monkeypatch):

@@ -705,6 +705,10 @@ def _claims():
         n = cfg.num_parameters()
         return [estimate(cfg, batch_size=b, seq_len=S, **fp32).peak_bytes / n for b in common]
 
+    def crossing(cfg, bytes_per_param):
+        """The first batch of S tokens whose fp32 AdamW peak reaches ``bytes_per_param``."""
+        return batch_for_peak(cfg, bytes_per_param * cfg.num_parameters(), seq_len=S, **fp32)
+
     def at_peak(cfg, b):
         e = estimate(cfg, batch_size=b, seq_len=S, **fp32)
         n = cfg.num_parameters()
@@ -715,7 +719,7 @@ def _claims():
                                   "168 GB for 7B.")
     def c02():
         lo, hi = bpp_range(seven_b)
-        b24 = batch_for_peak(seven_b, 24 * seven_b.num_parameters(), seq_len=S, **fp32)
+        b24 = crossing(seven_b, 24)
         return claims.judge(
             "", lo <= 24 <= hi,
             f"Llama-2-7B fp32 AdamW, batch {common[0]} to {common[1]} x {S}: {lo:.1f} to "
@@ -730,7 +734,7 @@ def _claims():
                                   "80 GB for a 1B model in fp32.")
     def c03():
         lo, hi = bpp_range(one_b)
-        b80 = batch_for_peak(one_b, 80 * one_b.num_parameters(), seq_len=S, **fp32)
+        b80 = crossing(one_b, 80)
         return claims.judge(
             "", lo <= 80 <= hi,
             f"Llama-1B fp32 AdamW, batch {common[0]} to {common[1]} x {S}: {lo / 4:.1f}x to "
@@ -742,9 +746,7 @@ def _claims():
     @claims.register("C04", _CH1, "The 24 bytes/param rule and the 20x-the-weights rule describe "
                                   "the same thing.")
     def c04():
-        n1, n7 = one_b.num_parameters(), seven_b.num_parameters()
-        b24 = batch_for_peak(seven_b, 24 * n7, seq_len=S, **fp32)
-        b80 = batch_for_peak(one_b, 80 * n1, seq_len=S, **fp32)
+        b24, b80 = crossing(seven_b, 24), crossing(one_b, 80)
         ratio = 80 / 24  # the two rules in bytes per parameter
         return claims.judge(
             "", abs(ratio - 1) < 0.1,
