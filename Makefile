@@ -26,7 +26,7 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 # jupyter-cache keys on a notebook's code cells only: when the library changes, run them again.
-SRC := $(shell find src -name '*.py')
+SRC := $(shell find src -name "*.py" -o -name "*.js")
 _build/.src-stamp: $(SRC)
 	rm -rf _build/.jupyter_cache
 	@mkdir -p _build && touch $@

@@ -22,7 +22,8 @@ def test_bad_scale_from_environment(capsys, cli_error, monkeypatch):
 
 def test_unknown_command_and_missing_argument(capsys, cli_error):
     cli_error(["frobnicate"], "'frobnicate'", "env", "list", "run")
-    cli_error(["run"], "run needs an experiment; accepted: estimator-accuracy, load-memory, step-memory")
+    cli_error(["run"], "run needs an experiment; accepted: estimator-accuracy, fp8-matmul, "
+              "load-memory, mixed-precision, step-memory, trace-7b")
 
 
 def test_list_and_env(capsys):
@@ -38,8 +39,8 @@ def test_python_dash_m_exit_code():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "memlab: error: unknown experiment 'nope'; accepted: estimator-accuracy, load-memory, "
-        "step-memory, trace-7b"
+        "memlab: error: unknown experiment 'nope'; accepted: estimator-accuracy, fp8-matmul, "
+        "load-memory, mixed-precision, step-memory, trace-7b"
     ]
     assert proc.stdout == ""
 

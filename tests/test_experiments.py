@@ -6,14 +6,16 @@ from memlab.errors import MemlabError
 
 
 def test_registry_names_chapters_and_sizes():
-    assert set(ex.EXPERIMENTS) == {"step-memory", "trace-7b", "load-memory", "estimator-accuracy"}
+    assert set(ex.EXPERIMENTS) == {"step-memory", "trace-7b", "load-memory", "estimator-accuracy",
+                                      "mixed-precision", "fp8-matmul"}
     for exp in ex.EXPERIMENTS.values():
         assert set(exp.sizes) == {"ci", "full"}
         assert exp.chapter.startswith("chapters/")
 
 
 def test_get_experiment_rejects_unknown_name():
-    with pytest.raises(MemlabError, match="unknown experiment 'x'; accepted: estimator-accuracy, load-memory, step-memory, trace-7b"):
+    with pytest.raises(MemlabError, match="unknown experiment 'x'; accepted: estimator-accuracy, fp8-matmul, "
+                       "load-memory, mixed-precision, step-memory, trace-7b"):
         ex.get_experiment("x")
 
 

@@ -290,3 +290,120 @@ def test_codebook_fallback_without_bitsandbytes(monkeypatch):
         assert codebook("nf4") == _fallback_codebook("nf4") and len(codebook("fp4")) == 16
     finally:
         codebook.cache_clear()
+
+
+# Thresholds, representable values, storage and the chapter's claims ---------------------------
+@pytest.mark.parametrize("fmt", FLOATS)
+def test_thresholds_against_the_reference(fmt):
+    from memlab.formats import thresholds
+
+    t = thresholds(fmt)
+    ref = _np_dtype(fmt)
+    with np.errstate(over="ignore", invalid="ignore"):
+
+        def stored(x):
+            return float(np.float64(x).astype(ref)) if fmt != "fp32" else float(np.float32(x))
+
+        # Flush to zero: at the threshold a value becomes 0, just above it the smallest subnormal.
+        assert stored(t.flush_to_zero_below) == 0.0
+        # (a float32 neighbour: ml_dtypes converts a float64 through float32, rounding twice)
+        above = float(np.nextafter(np.float32(t.flush_to_zero_below), np.float32(1)))
+        assert stored(above) == t.min_subnormal == round_to(above, fmt)
+        # The float32 neighbours on either side of the overflow threshold, for the same reason.
+        up = np.float32(t.overflow_from)
+        up = up if float(up) >= t.overflow_from else np.nextafter(up, np.float32(np.inf))
+        below = float(np.nextafter(up, np.float32(0)))
+        assert stored(below) == t.max == round_to(below, fmt)
+        assert round_to(float(up), fmt) == t.overflow_to
+        if fmt == "fp8-e4m3":  # ml_dtypes makes NaN where torch saturates
+            assert math.isnan(float(np.float64(up).astype(ref)))
+            assert t.overflow_to == t.max == 448
+        else:
+            assert math.isinf(stored(float(up))) and t.overflow_to == math.inf
+    n = t.largest_exact_integer
+    assert stored(n) == n and stored(n + 1) != n + 1
+    assert all(stored(k) == k for k in range(1, min(n, 4096) + 1))
+
+
+def test_representable_values_match_the_reference():
+    from memlab.formats import representable
+
+    for fmt in ("fp16", "bf16", "fp8-e4m3", "fp8-e5m2"):
+        patterns = np.arange(2 ** spec(fmt).bits, dtype=np.int64).astype(_uint(fmt))
+        ref = patterns.view(_np_dtype(fmt)).astype(np.float64)
+        ref = np.unique(ref[np.isfinite(ref) & (ref > 0)])
+        assert np.array_equal(representable(fmt).numpy(), ref)
+    assert representable("int4", positive=False).tolist() == list(range(-8, 8))
+    assert len(representable("nf4", positive=False)) == 16
+    with pytest.raises(MemlabError, match="too many"):
+        representable("fp32")
+
+
+def test_relative_error_is_half_an_ulp_at_most():
+    from memlab.formats import relative_error
+
+    xs = torch.logspace(-4, 4, 10_001, dtype=torch.float64)
+    for fmt in ("fp16", "bf16"):
+        err = relative_error(xs, fmt)
+        normal = xs >= spec(fmt).min_normal
+        assert err[normal].max().item() <= spec(fmt).eps / 2 + 1e-15
+    assert math.isinf(relative_error([1e6], "fp16").item())
+    with pytest.raises(MemlabError):
+        relative_error([0.0], "fp16")
+
+
+def test_storage_bytes_are_measured():
+    from memlab.formats import storage_bytes
+
+    assert storage_bytes("fp32") == 4 and storage_bytes("bf16") == 2
+    assert storage_bytes("fp8-e5m2") == 1 and storage_bytes("int8") == 1
+    pytest.importorskip("bitsandbytes")
+    assert storage_bytes("nf4") == 0.5 and storage_bytes("int4") == 0.5
+
+
+def test_same_number_table_for_pi():
+    from memlab.formats import same_number
+
+    t = same_number(math.pi)
+    assert t.loc["fp16", "stored"] == 3.140625 == t.loc["bf16", "stored"]
+    assert t.loc["int8, cast", "stored"] == 3.0
+    absmax_own = t.loc[f"int8, absmax {math.pi:g}", "stored"]
+    assert absmax_own == pytest.approx(math.pi, rel=1e-6)
+    assert t.loc["int8, absmax 10", "stored"] == pytest.approx(40 * 10 / 127, rel=1e-6)
+    assert (t["relative error"] >= 0).all()
+
+
+def test_probe_formats_on_cpu():
+    from memlab.formats import probe_formats
+
+    table = probe_formats("cpu")
+    assert table["store (cast)"].all()
+    assert table.loc["fp32", "matmul"] and table.loc["bf16", "add"]
+    assert table.loc["fp16", "_scaled_mm"] is None
+    with pytest.raises(MemlabError, match="accepted"):
+        probe_formats("cpu", ("int8",))
+
+
+def test_absmax_round_trip():
+    from memlab.quant import absmax_quantize, dequantize
+
+    x = torch.tensor([-2.0, 0.5, 1.0, 4.0])
+    q, state = absmax_quantize(x)
+    assert q.dtype == torch.int8 and q.tolist() == [-64, 16, 32, 127]  # round(127 x / 4), half to even
+    assert torch.allclose(dequantize(q, state), x, atol=4 / 127 / 2)
+    q0, s0 = absmax_quantize(torch.zeros(3))
+    assert dequantize(q0, s0).eq(0).all()
+    with pytest.raises(MemlabError, match="bits"):
+        absmax_quantize(x, bits=9)
+    with pytest.raises(MemlabError, match="finite"):
+        absmax_quantize(torch.tensor([1.0, math.inf]))
+
+
+def test_chapter_two_claims_are_computed():
+    from memlab.claims import CAVEAT, VERDICTS, WRONG, verdicts
+
+    vs = {v.claim: v for v in verdicts([f"C{i:02d}" for i in range(6, 14)])}
+    assert all(v.verdict in VERDICTS and v.evidence for v in vs.values())
+    assert vs["C10"].verdict == WRONG and "3.140625" in vs["C10"].evidence
+    assert vs["C07"].verdict == CAVEAT and "inf" in vs["C07"].evidence
+    assert "65,504" in vs["C08"].evidence

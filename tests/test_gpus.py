@@ -122,3 +122,17 @@ def test_catalogue_table():
     assert table.loc["A100-80GB", "usable (GiB)"] == 80
     assert table.loc["T4", "usable (GiB)"] == 15
     assert table.loc["H200", "nominal (GB)"] == pytest.approx(151.4, abs=0.1)
+
+
+def test_tensor_core_formats_agree_with_the_bf16_flag():
+    from memlab.gpus import CATALOGUE, TENSOR_CORE_COLUMNS, tensor_core_table
+
+    for gpu in CATALOGUE:
+        assert gpu.bf16_tensor_cores == ("bf16" in gpu.tensor_core_formats)
+        assert set(gpu.tensor_core_formats) <= set(TENSOR_CORE_COLUMNS)
+        assert gpu.compute_capability
+        # fp8 tensor cores arrive with compute capability 8.9 (Ada) and 9.0 (Hopper)
+        assert ("fp8" in gpu.tensor_core_formats) == (float(gpu.compute_capability) >= 8.9)
+    table = tensor_core_table()
+    assert table.loc["T4", "bf16"] == "✗" and table.loc["H100", "fp8"] == "✓"
+    assert (table["fp32"] == "✗").all()

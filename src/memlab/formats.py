@@ -303,3 +303,325 @@ def bits(x, fmt: str) -> BitPattern:
     return BitPattern(fmt=fmt, sign="", exponent="", mantissa="",
                       bit_string=format(idx, f"0{s.bits}b"), value=value, input=x,
                       error=value - x, note=f"code {idx}")
+
+
+# Ranges, errors and storage, for the chapter's tables and figures (chapter 2) -----------------
+FLOAT_FORMATS = tuple(f for f in FORMATS if f in _FLOAT_DTYPES)
+
+
+def dtype(fmt: str) -> torch.dtype:
+    """The torch dtype that stores a float format, e.g. torch.bfloat16 for 'bf16' (chapter: 2)."""
+    check_choice("float format", fmt, FLOAT_FORMATS)
+    return _FLOAT_DTYPES[fmt]
+
+
+def storage_bytes(fmt: str, n: int = 4096) -> float:
+    """Measured bytes per value: an n-value tensor's storage over n (4-bit: bitsandbytes' packing) (chapter: 2)."""
+    _check_format(fmt)
+    if fmt in _FLOAT_DTYPES or fmt == "int8":
+        dt = _FLOAT_DTYPES.get(fmt, torch.int8)
+        return torch.empty(n, dtype=dt).untyped_storage().nbytes() / n
+    bnbf = _bitsandbytes_functional()
+    if bnbf is None:
+        raise MemlabError(f"measuring {fmt} storage needs bitsandbytes (pip install "
+                          "'memlab[quant]')")
+    # int4 has no torch storage of its own; it packs two codes per byte exactly as nf4/fp4 do.
+    packed, _state = bnbf.quantize_4bit(torch.randn(n), quant_type="fp4" if fmt == "fp4" else "nf4")
+    return packed.untyped_storage().nbytes() / n
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Where a float format stops representing magnitudes faithfully, all in the value's units."""
+
+    fmt: str
+    flush_to_zero_below: float  # |x| at or below this rounds to 0 (half the smallest subnormal)
+    min_subnormal: float
+    min_normal: float  # below this, precision drops bit by bit (subnormals)
+    max: float
+    overflow_from: float  # the smallest |x| that becomes inf (or saturates, for fp8-e4m3)
+    overflow_to: float  # what it becomes there: inf, or the saturated max
+    eps: float  # spacing just above 1: the relative precision of normal numbers is eps/2
+    largest_exact_integer: int  # every integer up to this is stored exactly; the next is not
+
+
+def _first_changed(lo: float, hi: float, fmt: str, changed) -> float:
+    """Bisect float64 bit patterns in [lo, hi] for the smallest x with changed(round_to(x))."""
+    a = torch.tensor(lo, dtype=torch.float64).view(torch.int64).item()
+    b = torch.tensor(hi, dtype=torch.float64).view(torch.int64).item()
+    while b - a > 1:  # invariant: changed at b, not at a (positive floats order as integers)
+        mid = (a + b) // 2
+        x = torch.tensor(mid, dtype=torch.int64).view(torch.float64).item()
+        a, b = (a, mid) if changed(round_to(x, fmt)) else (mid, b)
+    return torch.tensor(b, dtype=torch.int64).view(torch.float64).item()
+
+
+@functools.cache
+def thresholds(fmt: str) -> Thresholds:
+    """Underflow and overflow thresholds of a float format, found by rounding with torch (chapter: 2)."""
+    dtype(fmt)  # a float format, or a one-line error naming them
+    s = spec(fmt)
+    if s.has_inf:  # the smallest x above max whose stored value is no longer max
+        overflow_from = _first_changed(s.max, s.max * 2, fmt, lambda v: v != s.max)
+    else:  # saturates: where a format with an infinity would have left max behind
+        half_ulp = 2.0 ** (math.frexp(s.max)[1] - 1) * s.eps / 2
+        max_is_even = bits(s.max, fmt).mantissa.endswith("0")  # a tie goes to the even one
+        overflow_from = s.max + half_ulp
+        overflow_from = math.nextafter(overflow_from, math.inf) if max_is_even else overflow_from
+    overflow_to = round_to(overflow_from, fmt)
+    # Underflow: the largest x that still rounds to 0 is half the smallest subnormal (a tie, to even).
+    first_nonzero = _first_changed(0.0, s.min_subnormal, fmt, lambda v: v != 0)
+    flush = math.nextafter(first_nonzero, 0.0)
+    # Integers: 2^(m+1) is exact, 2^(m+1) + 1 is not.
+    n = 2 ** (s.mantissa_bits + 1)
+    return Thresholds(fmt=fmt, flush_to_zero_below=flush, min_subnormal=s.min_subnormal,
+                      min_normal=s.min_normal, max=s.max, overflow_from=overflow_from,
+                      overflow_to=overflow_to, eps=s.eps, largest_exact_integer=n)
+
+
+def thresholds_table(formats=FLOAT_FORMATS):
+    """A pandas DataFrame of :func:`thresholds`, one row per float format (chapter: 2)."""
+    pd = _pandas("thresholds_table")
+    rows = {f: {k: v for k, v in thresholds(f).__dict__.items() if k != "fmt"} for f in formats}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def _pandas(what: str):
+    from memlab.errors import require
+
+    return require("pandas", what, extra="notebook")
+
+
+def relative_error(xs, fmt: str) -> torch.Tensor:
+    """|round_to(x) - x| / |x| for a tensor of non-zero values, as float64 (chapter: 2)."""
+    t = torch.as_tensor(xs, dtype=torch.float64)
+    if (t == 0).any():
+        raise MemlabError("relative_error needs non-zero values")
+    with torch.no_grad():
+        r = round_to(t, fmt).to(torch.float64)
+    return ((r - t).abs() / t.abs()).where(torch.isfinite(r), torch.tensor(math.inf, dtype=torch.float64))
+
+
+def representable(fmt: str, positive: bool = True) -> torch.Tensor:
+    """Every finite value of an 8- or 16-bit float format (or int/code format), sorted (chapter: 2)."""
+    s = spec(fmt)
+    if s.kind == "code":
+        vals = torch.tensor(sorted(set(s.codebook)), dtype=torch.float64)
+    elif s.kind == "int":
+        vals = torch.arange(int(s.min), int(s.max) + 1, dtype=torch.float64)
+    else:
+        if s.bits > 16:
+            raise MemlabError(f"{fmt} has 2^{s.bits} values, too many to list; accepted: "
+                              + ", ".join(f for f in FORMATS if spec(f).bits <= 16))
+        patterns = torch.arange(2 ** s.bits, dtype=torch.int32).to(_VIEW_DTYPES[s.bits])
+        vals = patterns.view(_FLOAT_DTYPES[fmt]).to(torch.float64)
+        vals = torch.unique(vals[torch.isfinite(vals)])
+    return vals[vals > 0] if positive else vals
+
+
+def same_number(x, absmax_blocks=(None, 10.0)):
+    """A pandas DataFrame: ``x`` stored in each float format, int8 cast and int8 absmax (chapter: 2).
+
+    ``absmax_blocks`` gives the largest magnitude of the block ``x`` is quantized with (None: a
+    block whose largest value is ``x`` itself).
+    """
+    from memlab.quant import absmax_quantize, dequantize
+
+    pd = _pandas("same_number")
+    x = _as_float(x)
+    rows = []
+    for fmt in FLOAT_FORMATS:
+        b = bits(x, fmt)
+        rows.append({"format": fmt, "bits": b.bit_string, "stored": b.value, "error": b.error,
+                     "note": b.note})
+    naive = round_to(x, "int8")
+    rows.append({"format": "int8, cast", "bits": bits(naive, "int8").bit_string, "stored": naive,
+                 "error": naive - x, "note": "rounded to an integer"})
+    for block_max in absmax_blocks:
+        top = abs(x) if block_max is None else float(block_max)
+        q, state = absmax_quantize(torch.tensor([x, top], dtype=torch.float32))
+        value = dequantize(q, state)[0].item()
+        rows.append({"format": f"int8, absmax {top:g}", "bits": bits(int(q[0]), "int8").bit_string,
+                     "stored": value, "error": value - x,
+                     "note": f"code {int(q[0])} x {top:g}/{state.qmax}"})
+    df = pd.DataFrame(rows).set_index("format")
+    df["relative error"] = (df["error"].abs() / abs(x)) if x else float("nan")
+    return df
+
+
+# What this machine can do with each format: measured by trying -------------------------------
+def _try(fn, *args) -> bool:
+    try:
+        fn(*args)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+    return True
+
+
+def _scaled_mm(a: torch.Tensor) -> torch.Tensor:
+    one = torch.ones((), device=a.device)
+    return torch._scaled_mm(a, a.t().contiguous().t(), scale_a=one, scale_b=one,
+                            out_dtype=torch.bfloat16)
+
+
+def _probe_one(fmt: str, dev: torch.device) -> dict:
+    dt = _FLOAT_DTYPES[fmt]
+    a = torch.randn(32, 32, device=dev).to(dt)
+    return {
+        "store (cast)": _try(lambda t: t.to(dt).float(), torch.randn(8, device=dev)),
+        "add": _try(torch.add, a, a),
+        "matmul": _try(torch.matmul, a, a),
+        "_scaled_mm": _try(_scaled_mm, a) if fmt.startswith("fp8") else None,
+    }
+
+
+def probe_formats(device=None, formats=FLOAT_FORMATS):
+    """A pandas DataFrame: can this device store, add, and matmul each format (tried, not looked up) (chapter: 2)."""
+    from memlab.device import pick_device
+
+    pd = _pandas("probe_formats")
+    dev = pick_device(device)
+    rows = {fmt: _probe_one(check_choice("float format", fmt, FLOAT_FORMATS), dev)
+            for fmt in formats}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+# Claims this chapter checks (collected by memlab.claims) --------------------------------------
+_CH2 = "chapters/02_number_formats"
+
+
+def _claims():
+    from memlab import claims
+
+    def g(x: float) -> str:
+        return f"{x:.4g}"
+
+    @claims.register("C06", _CH2, "fp16 and bf16 halve memory compared with fp32; int8 and fp8 "
+                     "cut it to a quarter.")
+    def c06():
+        per = {f: storage_bytes(f) for f in ("fp32", "fp16", "bf16", "fp8-e4m3", "int8")}
+        ratios = {f: per[f] / per["fp32"] for f in per}
+        halves = ratios["fp16"] == ratios["bf16"] == 0.5
+        quarter = ratios["fp8-e4m3"] == ratios["int8"] == 0.25
+        return claims.judge(
+            "", halves and quarter,
+            "measured storage bytes/value: " + ", ".join(f"{f} {v:g}" for f, v in per.items()),
+            caveat="for the stored tensors themselves; an int8 or fp8 tensor needs scales too "
+                   "(chapter 3), and a training step keeps fp32 copies under mixed precision "
+                   "(claim C42)")
+
+    @claims.register("C07", _CH2, "bf16 has the same dynamic range as fp32, which prevents "
+                     "overflow when converting from fp32.")
+    def c07():
+        b, f = thresholds("bf16"), thresholds("fp32")
+        same_normal_range = (spec("bf16").exponent_bits == spec("fp32").exponent_bits
+                             and b.min_normal == f.min_normal)
+        top = round_to(f.max, "bf16")
+        return claims.judge(
+            "", same_normal_range,
+            f"both have {spec('bf16').exponent_bits} exponent bits and min normal "
+            f"{g(b.min_normal)}; bf16 max {g(b.max)} vs fp32 max {g(f.max)}; fp32's max "
+            f"converts to {top} in bf16",
+            caveat=f"the top of fp32's range overflows: every fp32 value from {g(b.overflow_from)} "
+                   f"up becomes {b.overflow_to} in bf16, and bf16's smallest subnormal is "
+                   f"{g(b.min_subnormal)} against fp32's {g(f.min_subnormal)}")
+
+    @claims.register("C08", _CH2, "fp16 covers -65,504 to +65,504, and pi stored in fp16 "
+                     "becomes 3.140625.")
+    def c08():
+        s, pi16 = spec("fp16"), round_to(math.pi, "fp16")
+        t = thresholds("fp16")
+        return claims.judge(
+            "", s.max == 65504 and s.min == -65504 and pi16 == 3.140625,
+            f"fp16 max {s.max:,g}, min {s.min:,g}; pi -> {pi16!r}",
+            caveat=f"values up to {t.overflow_from:,g} (exclusive) still round to the max; from "
+                   f"{t.overflow_from:,g} they become inf. Near zero, fp16 keeps full precision "
+                   f"only down to {g(t.min_normal)}")
+
+    @claims.register("C09", _CH2, "fp32 covers about 3e-38 to 3e38.")
+    def c09():
+        t = thresholds("fp32")
+        top_ok = abs(t.max - 3e38) / t.max < 0.15
+        low_ok = abs(t.min_normal - 3e-38) / t.min_normal < 0.15
+        return claims.judge(
+            "", top_ok,
+            f"fp32 max {g(t.max)}, min normal {g(t.min_normal)}, min subnormal "
+            f"{g(t.min_subnormal)}",
+            caveat=None if low_ok else (
+                f"the top is right, the bottom is not: the smallest normal fp32 is "
+                f"{g(t.min_normal)}, {3e-38 / t.min_normal:.2g}x smaller than 3e-38, and "
+                f"subnormals go down to {g(t.min_subnormal)}"),
+            correction=f"fp32's largest value is {g(t.max)}")
+
+    @claims.register("C10", _CH2, "Pi stored in bf16 loses more precision than in fp16.")
+    def c10():
+        e16, eb = abs(round_to(math.pi, "fp16") - math.pi), abs(round_to(math.pi, "bf16") - math.pi)
+        xs = torch.logspace(-3, 3, 100_001, dtype=torch.float64)
+        med16 = relative_error(xs, "fp16").median().item()
+        medb = relative_error(xs, "bf16").median().item()
+        return claims.judge(
+            "", eb > e16,
+            f"pi -> {round_to(math.pi, 'bf16')!r} in bf16 and {round_to(math.pi, 'fp16')!r} in "
+            f"fp16: errors {g(eb)} and {g(e16)}",
+            correction=f"pi happens to round to the same value in both; in general bf16 does "
+                       f"lose more: over 10^5 values from 1e-3 to 1e3 its median relative error "
+                       f"is {medb / med16:.1f}x fp16's ({g(medb)} vs {g(med16)}), from "
+                       f"{spec('bf16').mantissa_bits} mantissa bits against "
+                       f"{spec('fp16').mantissa_bits}")
+
+    @claims.register("C11", _CH2, "Pi quantized to int8 becomes 3.")
+    def c11():
+        table = same_number(math.pi)
+        naive = table.loc["int8, cast", "stored"]
+        absmax = table[table.index.str.startswith("int8, absmax")]["stored"]
+        return claims.judge(
+            "", bool(naive == 3.0),
+            f"a plain cast gives {naive:g}; absmax quantization gives "
+            + " or ".join(f"{v:.6g}" for v in absmax) + " (blocks with max "
+            + " and ".join(i.split()[-1] for i in absmax.index) + ")",
+            caveat="only for a plain cast to an integer; int8 quantization scales each block by "
+                   "its absmax first, and pi then keeps two or more significant digits")
+
+    @claims.register("C12", _CH2, "int8 represents -128 to 127. (Another source says -127 to 127.)")
+    def c12():
+        s = spec("int8")
+        from memlab.quant import absmax_quantize
+
+        q, state = absmax_quantize(torch.tensor([-5.0, 1.0, 5.0]))
+        codes = f"absmax quantization uses codes -{state.qmax}..{state.qmax} (here {q.tolist()})"
+        bnbf = _bitsandbytes_functional()
+        if bnbf is not None and hasattr(bnbf, "int8_vectorwise_quant"):
+            bq = bnbf.int8_vectorwise_quant(torch.tensor([[-5.0, 1.0, 5.0]]))[0]
+            codes += f"; bitsandbytes' int8_vectorwise_quant gives {bq.flatten().tolist()}"
+        return claims.judge(
+            "", (s.min, s.max) == (-128.0, 127.0),
+            f"torch.iinfo(int8): {int(s.min)} to {int(s.max)}; {codes}",
+            caveat="both are right: the type holds -128..127, symmetric quantization keeps "
+                   "-127..127 so that +x and -x get codes of equal size")
+
+    @claims.register("C13", _CH2, "fp8 needs newer hardware such as the H100.")
+    def c13():
+        from memlab.gpus import CATALOGUE
+
+        probe = probe_formats("cpu", ("fp8-e4m3",)).loc["fp8-e4m3"]
+        fp8_gpus = [gpu.name for gpu in CATALOGUE if "fp8" in gpu.tensor_core_formats]
+        older = [gpu.name for gpu in CATALOGUE if gpu.name not in fp8_gpus]
+        newest_older = max(float(get.compute_capability) for get in CATALOGUE
+                           if get.name in older)
+        only_newer = bool(fp8_gpus) and all(
+            float(gpu.compute_capability) > newest_older for gpu in CATALOGUE
+            if gpu.name in fp8_gpus)
+        min_cc = min(gpu.compute_capability for gpu in CATALOGUE if gpu.name in fp8_gpus)
+        return claims.judge(
+            "", only_newer,
+            f"on this CPU fp8 tensors store: {bool(probe['store (cast)'])}, add: "
+            f"{bool(probe['add'])}, matmul: {bool(probe['matmul'])} (tried); fp8 tensor cores "
+            f"(datasheets): {', '.join(fp8_gpus)}; none on {', '.join(older)}",
+            caveat=f"for fast fp8 arithmetic, and not only the H100: fp8 tensor cores come "
+                   f"with compute capability {min_cc} and up ({', '.join(fp8_gpus)}). Storing "
+                   "fp8 needs no special hardware; any device holds the bytes and upcasts them")
+
+    return claims
+
+
+_claims()

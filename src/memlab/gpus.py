@@ -37,6 +37,10 @@ from memlab.units import UNITS, to_unit
 
 USABLE_SOURCE = "https://thundergolfer.com/blog/nvidia-gpu-memory-capacity"
 FA2_SOURCE = "https://github.com/Dao-AILab/flash-attention"  # FlashAttention-2 needs sm80+
+CUDA_SOURCE = "https://developer.nvidia.com/cuda-gpus"  # compute capability of each GPU
+# Tensor-core input formats as each datasheet (the GPU's ``source``) lists its peak rates:
+# Turing (T4) fp16/int8/int4; Ampere (A100) adds tf32 and bf16; Ada (L4) and Hopper (H100,
+# H200) add fp8 (e4m3 and e5m2), and Hopper lists no int4.
 MiB = 2**20
 
 
@@ -61,6 +65,8 @@ class GPU:
     source: str  # URL of the vendor's spec page
     usable_bytes: int | None = None  # total reported by nvidia-smi; None: the nominal value
     usable_source: str = ""  # where usable_bytes comes from ('' when it is the nominal value)
+    compute_capability: str = ""  # CUDA compute capability, e.g. '8.0' (CUDA_SOURCE)
+    tensor_core_formats: tuple[str, ...] = ()  # input formats its tensor cores multiply (datasheet)
 
     def __post_init__(self) -> None:
         check_choice("memory_unit", self.memory_unit, ("GiB", "GB"))
@@ -83,23 +89,29 @@ def _gib(n: int) -> int:
 CATALOGUE: tuple[GPU, ...] = (
     GPU("T4", _gib(16), "16 GB", "GiB", "GDDR6", bf16_tensor_cores=False,
         flash_attention_2=False, source="https://www.nvidia.com/en-us/data-center/tesla-t4/",
-        usable_bytes=15_360 * MiB, usable_source=USABLE_SOURCE),
+        usable_bytes=15_360 * MiB, usable_source=USABLE_SOURCE,
+        compute_capability="7.5", tensor_core_formats=("fp16", "int8", "int4")),
     GPU("L4", _gib(24), "24 GB", "GiB", "GDDR6", bf16_tensor_cores=True,
         flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/l4/",
-        usable_bytes=23_034 * MiB, usable_source=USABLE_SOURCE),
+        usable_bytes=23_034 * MiB, usable_source=USABLE_SOURCE,
+        compute_capability="8.9", tensor_core_formats=("tf32", "bf16", "fp16", "fp8", "int8", "int4")),
     GPU("A100-40GB", _gib(40), "40 GB", "GiB", "HBM2", bf16_tensor_cores=True,
         flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/a100/",
-        usable_bytes=40_960 * MiB, usable_source=USABLE_SOURCE),
+        usable_bytes=40_960 * MiB, usable_source=USABLE_SOURCE,
+        compute_capability="8.0", tensor_core_formats=("tf32", "bf16", "fp16", "int8", "int4")),
     GPU("A100-80GB", _gib(80), "80 GB", "GiB", "HBM2e", bf16_tensor_cores=True,
         flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/a100/",
-        usable_bytes=81_920 * MiB, usable_source=USABLE_SOURCE),
+        usable_bytes=81_920 * MiB, usable_source=USABLE_SOURCE,
+        compute_capability="8.0", tensor_core_formats=("tf32", "bf16", "fp16", "int8", "int4")),
     # The SXM part; the H100 NVL has 94 GB.
     GPU("H100", _gib(80), "80 GB", "GiB", "HBM3", bf16_tensor_cores=True,
         flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/h100/",
-        usable_bytes=81_559 * MiB, usable_source=USABLE_SOURCE),
+        usable_bytes=81_559 * MiB, usable_source=USABLE_SOURCE,
+        compute_capability="9.0", tensor_core_formats=("tf32", "bf16", "fp16", "fp8", "int8")),
     GPU("H200", _gib(141), "141 GB", "GiB", "HBM3e", bf16_tensor_cores=True,
         flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/h200/",
-        usable_bytes=143_771 * MiB, usable_source=USABLE_SOURCE),
+        usable_bytes=143_771 * MiB, usable_source=USABLE_SOURCE,
+        compute_capability="9.0", tensor_core_formats=("tf32", "bf16", "fp16", "fp8", "int8")),
 )
 
 GPU_NAMES = tuple(g.name for g in CATALOGUE)
@@ -165,4 +177,23 @@ def catalogue_table(gpus=CATALOGUE):
             "bf16 tensor cores": gpu.bf16_tensor_cores,
             "FlashAttention-2": gpu.flash_attention_2,
         }
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+TENSOR_CORE_COLUMNS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4")
+
+
+def tensor_core_table(gpus=CATALOGUE):
+    """A pandas DataFrame: compute capability and, per format, whether tensor cores multiply it (chapter: 2).
+
+    Every format can be *stored* on every GPU (it is bytes); this table is about arithmetic
+    at tensor-core rates, from the vendors' datasheets. fp32 is never a tensor-core input: an
+    fp32 matmul runs on the CUDA cores, or on tensor cores after rounding to tf32.
+    """
+    pd = require("pandas", "tensor_core_table", extra="notebook")
+    rows = {}
+    for gpu in (get_gpu(g) for g in gpus):
+        row = {"compute capability": gpu.compute_capability}
+        row.update({f: ("✓" if f in gpu.tensor_core_formats else "✗") for f in TENSOR_CORE_COLUMNS})
+        rows[gpu.name] = row
     return pd.DataFrame.from_dict(rows, orient="index")
