@@ -23,7 +23,7 @@ def test_bad_scale_from_environment(capsys, cli_error, monkeypatch):
 def test_unknown_command_and_missing_argument(capsys, cli_error):
     cli_error(["frobnicate"], "'frobnicate'", "env", "list", "run")
     cli_error(["run"], "run needs an experiment; accepted: estimator-accuracy, fp8-matmul, "
-              "load-memory, mixed-precision, step-memory, trace-7b")
+              "load-memory, mixed-precision, quant-speed, quantization, step-memory, trace-7b")
 
 
 def test_list_and_env(capsys):
@@ -40,7 +40,7 @@ def test_python_dash_m_exit_code():
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "memlab: error: unknown experiment 'nope'; accepted: estimator-accuracy, fp8-matmul, "
-        "load-memory, mixed-precision, step-memory, trace-7b"
+        "load-memory, mixed-precision, quant-speed, quantization, step-memory, trace-7b"
     ]
     assert proc.stdout == ""
 

@@ -7,7 +7,7 @@ from memlab.errors import MemlabError
 
 def test_registry_names_chapters_and_sizes():
     assert set(ex.EXPERIMENTS) == {"step-memory", "trace-7b", "load-memory", "estimator-accuracy",
-                                      "mixed-precision", "fp8-matmul"}
+                                      "mixed-precision", "fp8-matmul", "quantization", "quant-speed"}
     for exp in ex.EXPERIMENTS.values():
         assert set(exp.sizes) == {"ci", "full"}
         assert exp.chapter.startswith("chapters/")
@@ -15,7 +15,7 @@ def test_registry_names_chapters_and_sizes():
 
 def test_get_experiment_rejects_unknown_name():
     with pytest.raises(MemlabError, match="unknown experiment 'x'; accepted: estimator-accuracy, fp8-matmul, "
-                       "load-memory, mixed-precision, step-memory, trace-7b"):
+                       "load-memory, mixed-precision, quant-speed, quantization, step-memory, trace-7b"):
         ex.get_experiment("x")
 
 

@@ -75,7 +75,7 @@ class ClaimCheck:
 
 
 CHECKS: dict[str, ClaimCheck] = {}
-TOPIC_MODULES = ("memlab.memory", "memlab.formats", "memlab.mixed")  # modules whose import registers claim checks
+TOPIC_MODULES = ("memlab.memory", "memlab.formats", "memlab.mixed", "memlab.quantmodel", "memlab.qat")  # modules whose import registers claim checks
 
 
 def register(claim: str, chapter: str, statement: str):

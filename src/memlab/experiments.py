@@ -364,3 +364,36 @@ def fp8_matmul(scale: str | None = None):
     from memlab.mixed import fp8_matmul as run
 
     return run(**FP8_SIZES[get_scale(scale)])
+
+
+@register(
+    "quantization",
+    chapter="chapters/03_quantization",
+    summary="every quantization scheme on the book's trained model: bytes, quality, per-layer "
+            "error; outlier features and LLM.int8()",
+    sizes={"ci": {}, "full": {}},
+)
+def quantization(scale: str | None = None):
+    """Schemes compared on the trained model, and the outlier study (chapter: 3)."""
+    from memlab.quantmodel import compare_schemes, outlier_study
+
+    return {"schemes": compare_schemes(scale), "outliers": outlier_study(scale)}
+
+
+QUANT_SPEED_SIZES = {
+    "ci": dict(d_in=1024, d_out=1024, tokens=(1, 64), repeats=10, warmup=3),
+    "full": dict(d_in=8192, d_out=8192, tokens=(1, 16, 2048), repeats=50, warmup=10),
+}
+
+
+@register(
+    "quant-speed",
+    chapter="chapters/03_quantization",
+    summary="bitsandbytes int8, LLM.int8() and NF4 linear layers against bf16: forward time",
+    sizes=QUANT_SPEED_SIZES,
+)
+def quant_speed(scale: str | None = None):
+    """Quantized linear-layer speed against bf16 on this GPU, or a 'not measurable' status (chapter: 3)."""
+    from memlab.quantmodel import quant_speed as run
+
+    return run(**QUANT_SPEED_SIZES[get_scale(scale)])

@@ -55,6 +55,7 @@ from memlab.device import device_name, pick_device
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.formats import spec
 from memlab.models import ModelConfig, build_model, get_config, lm_loss
+from memlab.tasks import MarkovTask
 from memlab.units import fmt_bytes
 
 MODES = ("fp32", "fp16-autocast", "fp16-scaled", "bf16-autocast", "bf16-pure")
@@ -91,56 +92,6 @@ def _config(model: ModelConfig | str, overrides: dict | None = None) -> ModelCon
     if not isinstance(model, str):
         raise MemlabError(f"model must be a preset name or a ModelConfig, got {model!r}")
     return get_config(model, **(overrides or {}))
-
-
-# The task --------------------------------------------------------------------------------------
-class MarkovTask:
-    """A fixed-seed first-order Markov chain over ``vocab_size`` tokens (chapter: 2).
-
-    Every token has ``branching`` successors, drawn without replacement by the seed, reached
-    with the probabilities ``probs`` (the same for every token). A sequence starts at a uniform
-    token; each later token depends only on the one before it, so the best possible prediction
-    is the chain's own row and its loss is exactly computable.
-    """
-
-    PROBS = (0.55, 0.25, 0.15, 0.05)
-
-    def __init__(self, vocab_size: int, *, seed: int = 0):
-        check_positive_int("vocab_size", vocab_size)
-        branching = len(self.PROBS)
-        if vocab_size < branching:
-            raise MemlabError(f"vocab_size must be at least {branching}, got {vocab_size}")
-        self.vocab_size = vocab_size
-        self.seed = seed
-        g = torch.Generator().manual_seed(seed)
-        self.successors = torch.stack(
-            [torch.randperm(vocab_size, generator=g)[:branching] for _ in range(vocab_size)]
-        )  # (V, k): the successors of each token
-        self.probs = torch.tensor(self.PROBS, dtype=torch.float64)  # (k,)
-        self.transition = torch.zeros(vocab_size, vocab_size, dtype=torch.float64)  # (V, V)
-        self.transition.scatter_(1, self.successors, self.probs.expand(vocab_size, branching))
-
-    @property
-    def entropy_nats(self) -> float:
-        """Entropy of the next token given the previous one: the best expected loss, in nats."""
-        return float(-(self.probs * self.probs.log()).sum())
-
-    def sample(self, n_seq: int, seq_len: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``n_seq`` sequences of inputs and next-token targets, (n_seq, seq_len) int64 each."""
-        g = torch.Generator().manual_seed(seed)
-        x = torch.empty(n_seq, seq_len + 1, dtype=torch.long)
-        x[:, 0] = torch.randint(0, self.vocab_size, (n_seq,), generator=g)
-        choice = torch.multinomial(self.probs.float(), n_seq * seq_len, replacement=True,
-                                   generator=g).view(n_seq, seq_len)
-        for t in range(seq_len):
-            x[:, t + 1] = self.successors[x[:, t], choice[:, t]]
-        return x[:, :-1], x[:, 1:]
-
-    def optimal(self, idx: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
-        """Loss (nats) and accuracy of the chain itself on these tokens: the best any model can do."""
-        p = self.transition[idx.reshape(-1), targets.reshape(-1)]  # (N,)
-        best = self.transition[idx.reshape(-1)].argmax(-1)  # (N,)
-        return float(-p.log().mean()), float((best == targets.reshape(-1)).double().mean())
 
 
 # Gradient statistics -----------------------------------------------------------------------------

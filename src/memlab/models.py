@@ -485,4 +485,4 @@ def count_parameters(model: nn.Module) -> int:
 def lm_loss(logits, targets):
     """Next-token cross-entropy (a 0-d tensor, nats) in fp32, as training code computes it (chapter: 0)."""
     B, T, V = logits.shape
-    return F.cross_entropy(logits.float().view(B * T, V), targets.reshape(B * T))
+    return F.cross_entropy(logits.float().reshape(B * T, V), targets.reshape(B * T))
