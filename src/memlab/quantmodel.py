@@ -162,8 +162,9 @@ def train_lm(cfg: LMConfig | None = None, *, model: nn.Module | None = None, ste
 
 def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
     """Bytes of every tensor in an optimizer's state (moments, 8-bit codes and their absmax) (chapter: 3)."""
-    return sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
-               if isinstance(t, torch.Tensor))
+    seen = {(t.data_ptr(), t.numel()): t.numel() * t.element_size()  # shared code books once
+            for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)}
+    return sum(seen.values())
 
 
 @dataclass(frozen=True)
