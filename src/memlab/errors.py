@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 
@@ -33,3 +34,30 @@ def require(package: str, purpose: str, extra: str | None = None):
     except ImportError as exc:
         hint = f"pip install 'memlab[{extra}]'" if extra else f"pip install {package}"
         raise MemlabError(f"{purpose} needs the optional package {package!r}; install it with: {hint}") from exc
+
+
+# Notices from optional packages ------------------------------------------------------------------
+# Messages an optional package logs that say nothing about the experiment: the book prints what
+# matters once, in prose. Keyed by logger name; a record is dropped if its text contains one.
+QUIET_NOTICES = {
+    # Linear8bitLt casts fp32 inputs to fp16, and says so on every call.
+    "bitsandbytes.autograd._functions": ("will be cast from",),
+    # On CPUs with AVX512-BF16, importing bitsandbytes looks for an optional Hub kernel package
+    # and logs a warning when it is not installed; the built-in CPU kernels are used instead.
+    "bitsandbytes.backends.cpu.ops": ("from kernels-community",),
+}
+
+
+class _DropNotices(logging.Filter):
+    def __init__(self, fragments: tuple[str, ...]):
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not any(f in text for f in self.fragments)
+
+
+for _name, _fragments in QUIET_NOTICES.items():
+    # A filter can be set before the package is imported: the logger is created here.
+    logging.getLogger(_name).addFilter(_DropNotices(_fragments))

@@ -39,14 +39,12 @@ because it is part of the method, and the tests check that it is applied.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import math
 import statistics
 import time
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -57,7 +55,15 @@ from memlab import quantmodel
 from memlab.device import device_name, get_scale, pick_device
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.quant import absmax_quantize, dequantize
-from memlab.quantmodel import LMConfig, Quality, TrainedLM, evaluate, lm_config, train_lm
+from memlab.quantmodel import (
+    LMConfig,
+    Quality,
+    TrainedLM,
+    evaluate,
+    lm_config,
+    measure_state,
+    train_lm,
+)
 
 OPT_STEPS = {"ci": 200, "full": 1000}  # steps of each optimizer run in optimizer_comparison
 QAT_STEPS = {"ci": 200, "full": 600}  # fine-tuning steps of qat_vs_ptq (QAT, min/max, control)
@@ -91,94 +97,6 @@ def _device_arg(device) -> str | None:
 
 
 # 8-bit optimizer states --------------------------------------------------------------------------
-@contextlib.contextmanager
-def _capture_optimizers() -> Iterator[list]:
-    """Keep every optimizer :func:`memlab.quantmodel.train_lm` makes, to read its state after."""
-    made: list = []
-    original = quantmodel.make_optimizer
-
-    def make(*args, **kwargs):
-        opt = original(*args, **kwargs)
-        made.append(opt)
-        return opt
-
-    quantmodel.make_optimizer = make
-    try:
-        yield made
-    finally:
-        quantmodel.make_optimizer = original
-
-
-def _state_tensors(opt: torch.optim.Optimizer, p: torch.Tensor) -> list[torch.Tensor]:
-    return [t for t in opt.state.get(p, {}).values() if isinstance(t, torch.Tensor)]
-
-
-def _key(t: torch.Tensor) -> tuple[int, int]:
-    return t.data_ptr(), t.numel() * t.element_size()
-
-
-@dataclass(frozen=True)
-class StateBytes:
-    """An optimizer's state, measured tensor by tensor, split into two sets of parameters (chapter: 3)."""
-
-    state_bytes: int  # every distinct state tensor, a tensor shared by many parameters once
-    trained_params: int
-    eligible_params: int  # parameters in the first set (by default: state holds 1-byte codes)
-    eligible_bytes: int  # their own state tensors, plus the shared tensors they use, once
-    other_params: int
-    other_bytes: int  # the rest, with shared tensors only the rest uses
-    shared_bytes: int  # tensors in the state of more than one parameter (8-bit code books)
-    eligible_names: tuple[str, ...]
-    other_names: tuple[str, ...]
-
-    @property
-    def bytes_per_param(self) -> float:
-        return self.state_bytes / self.trained_params
-
-    @property
-    def eligible_bytes_per_param(self) -> float | None:
-        return self.eligible_bytes / self.eligible_params if self.eligible_params else None
-
-    @property
-    def other_bytes_per_param(self) -> float | None:
-        return self.other_bytes / self.other_params if self.other_params else None
-
-
-def state_bytes(opt: torch.optim.Optimizer, model: nn.Module,
-                eligible: set[str] | None = None) -> StateBytes:
-    """Bytes of an optimizer's state tensors, per parameter, over two sets of parameters (chapter: 3).
-
-    ``eligible`` names the first set; by default it is every parameter whose state holds a
-    tensor of 1-byte elements (the 8-bit codes). A tensor found in the state of several
-    parameters (bitsandbytes' code books) is counted once.
-    """
-    names = {id(p): n for n, p in model.named_parameters()}
-    params = [p for g in opt.param_groups for p in g["params"]]
-    seen: dict[tuple[int, int], int] = {}
-    for p in params:
-        for t in _state_tensors(opt, p):
-            seen[_key(t)] = seen.get(_key(t), 0) + 1
-    shared = {k for k, n in seen.items() if n > 1}
-    if eligible is None:
-        eligible = {names.get(id(p), "?") for p in params
-                    if any(t.element_size() == 1 for t in _state_tensors(opt, p))}
-    sets = {True: [0, 0, set(), []], False: [0, 0, set(), []]}  # params, own bytes, shared, names
-    for p in params:
-        keys = {_key(t) for t in _state_tensors(opt, p)}
-        acc = sets[names.get(id(p), "?") in eligible]
-        acc[0] += p.numel()
-        acc[1] += sum(k[1] for k in keys - shared)
-        acc[2] |= keys & shared
-        acc[3].append(names.get(id(p), "?"))
-    (n_in, own_in, sh_in, names_in), (n_out, own_out, sh_out, names_out) = sets[True], sets[False]
-    return StateBytes(
-        state_bytes=sum(k[1] for k in seen), trained_params=n_in + n_out,
-        eligible_params=n_in, eligible_bytes=own_in + sum(k[1] for k in sh_in),
-        other_params=n_out, other_bytes=own_out + sum(k[1] for k in sh_out - sh_in),
-        shared_bytes=sum(k[1] for k in shared), eligible_names=tuple(names_in),
-        other_names=tuple(names_out))
-
-
 @dataclass(frozen=True)
 class OptimizerRun:
     """One optimizer's run: its state bytes, loss curve and held-out quality (chapter: 3)."""
@@ -259,13 +177,13 @@ def optimizer_comparison(scale: str | None = None, *, steps: int | None = None, 
     dev = pick_device(_device_arg(device))
     trained = {}
     for name in optimizers:
-        with _capture_optimizers() as made:
-            trained[name] = (train_lm(cfg, steps=steps, optimizer=name, device=dev.type), made[-1])
-    tr8, opt8 = trained["adamw8bit"]
-    sb8 = state_bytes(opt8, tr8.model)
+        trained[name] = train_lm(cfg, steps=steps, optimizer=name, device=dev.type,
+                                 keep_optimizer=True)
+    tr8 = trained["adamw8bit"]
+    sb8 = tr8.state
     runs = []
-    for name, (tr, opt) in trained.items():
-        sb = state_bytes(opt, tr.model, eligible=set(sb8.eligible_names))
+    for name, tr in trained.items():
+        sb = measure_state(tr.opt, tr.model, eligible=set(sb8.eligible_names))
         runs.append(OptimizerRun(
             optimizer=name, state_bytes=sb.state_bytes, trained_params=sb.trained_params,
             bytes_per_param=sb.bytes_per_param,
@@ -276,7 +194,7 @@ def optimizer_comparison(scale: str | None = None, *, steps: int | None = None, 
         scale=scale, config=cfg, steps=steps, device=device_name(dev), runs=runs,
         eligible_params=sb8.eligible_params, small_params=sb8.other_params,
         eligible_tensors=sb8.eligible_names, small_tensors=sb8.other_names,
-        min_8bit_size=getattr(getattr(opt8, "args", None), "min_8bit_size", None),
+        min_8bit_size=getattr(getattr(tr8.opt, "args", None), "min_8bit_size", None),
         seconds=time.perf_counter() - start)
 
 

@@ -147,6 +147,25 @@ def _ungroup(g: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return g.reshape(-1)[:n].reshape(shape)
 
 
+def _nonzero(v: torch.Tensor) -> torch.Tensor:
+    """``v`` with zeros replaced by 1: a divisor for all-zero groups (their values stay 0)."""
+    return torch.where(v > 0, v, torch.ones_like(v))
+
+
+def _round_up_to(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Positive float32 ``v`` rounded to ``dtype``, never down, returned as float32.
+
+    A scale rounded down would make the grid span less than [min, max], so the extreme values
+    would be clipped by up to a step; a scale too small for ``dtype`` would become 0.
+    """
+    r = v.to(dtype)
+    r = torch.where(r.float() < v, torch.nextafter(r, torch.full_like(r, math.inf)), r)
+    if not torch.isfinite(r).all():
+        raise MemlabError(f"a scale of {float(v.max()):.4g} does not fit in {dtype} "
+                          f"(largest finite {torch.finfo(dtype).max:.4g})")
+    return r.float()
+
+
 def _state_view(v: torch.Tensor, granularity: str) -> torch.Tensor:
     """A per-group statistic as stored: 0-d for a tensor, one per group otherwise."""
     return v.reshape(()) if granularity == "tensor" else v.reshape(-1)
@@ -161,8 +180,10 @@ def absmax_quantize(x, bits: int = 8, *, granularity: str = "tensor",
     qmax = 2 ** (bits - 1) - 1
     g = _groups(t, granularity, blocksize)  # (G, n)
     absmax = g.abs().amax(dim=1, keepdim=True)  # (G, 1)
-    scale = torch.where(absmax > 0, qmax / absmax, torch.ones_like(absmax))
-    q = torch.round(g * scale).clamp(-qmax, qmax).to(torch.int8)  # round half to even
+    scale = qmax / _nonzero(absmax)  # x * (qmax / absmax), as bitsandbytes rounds it
+    # ... unless qmax / absmax overflows (absmax below ~4e-37): then x / absmax * qmax
+    q = torch.where(torch.isinf(scale), g / _nonzero(absmax) * qmax, g * scale)
+    q = torch.round(q).clamp(-qmax, qmax).to(torch.int8)  # round half to even
     return _ungroup(q, tuple(t.shape)), AbsmaxState(
         absmax=_state_view(absmax, granularity), bits=bits, qmax=qmax, granularity=granularity,
         blocksize=blocksize if granularity == "block" else None, shape=tuple(t.shape))
@@ -173,7 +194,8 @@ def zeropoint_quantize(x, bits: int = 8, *, granularity: str = "tensor", blocksi
     """Asymmetric zero-point: q = round(x / scale) + zero, codes 0..2^bits-1 cover [min, max] (chapter: 3).
 
     The range always includes 0, so that 0 is stored exactly (padding, ReLU outputs). The scale is
-    rounded to ``scale_dtype`` before use, so what is stored is what is used (GPTQ stores fp16).
+    rounded up to ``scale_dtype`` (GPTQ stores fp16) before use, so what is stored is what is used
+    and the grid still spans [min, max].
     """
     _check_bits(bits)
     t = _as_tensor(x).float()
@@ -181,8 +203,7 @@ def zeropoint_quantize(x, bits: int = 8, *, granularity: str = "tensor", blocksi
     g = _groups(t, granularity, blocksize)  # (G, n)
     lo = g.amin(dim=1, keepdim=True).clamp(max=0)  # (G, 1)
     hi = g.amax(dim=1, keepdim=True).clamp(min=0)
-    scale = (hi - lo) / levels
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale)).to(scale_dtype).float()
+    scale = _round_up_to(_nonzero((hi - lo) / levels), scale_dtype)
     zero = torch.round(-lo / scale).clamp(0, levels)
     q = (torch.round(g / scale) + zero).clamp(0, levels).to(torch.uint8)
     return _ungroup(q, tuple(t.shape)), ZeroPointState(
@@ -265,10 +286,10 @@ def blockwise_quantize(x, *, code: torch.Tensor | None = None,
                        blocksize: int = DQ_BLOCKSIZE) -> tuple[torch.Tensor, BlockwiseState]:
     """8-bit code-book quantization per block: q = nearest(code, x / absmax) (chapter: 3)."""
     t = _as_tensor(x).float()
-    code = _dynamic() if code is None else code
+    code = _dynamic().clone() if code is None else code.clone()  # the state owns its code book
     g = _groups(t, "block", blocksize)  # (G, blocksize)
-    absmax = g.abs().amax(dim=1, keepdim=True).clamp(min=1e-38)
-    q = _nearest((g / absmax).clamp(-1, 1), code).to(torch.uint8)
+    absmax = g.abs().amax(dim=1, keepdim=True)  # 0 for an all-zero block, as bitsandbytes stores
+    q = _nearest((g / _nonzero(absmax)).clamp(-1, 1), code).to(torch.uint8)
     return _ungroup(q, tuple(t.shape)), BlockwiseState(
         absmax=absmax.reshape(-1), code=code, blocksize=blocksize, shape=tuple(t.shape))
 
@@ -276,12 +297,12 @@ def blockwise_quantize(x, *, code: torch.Tensor | None = None,
 def quantize_4bit(x, *, quant_type: str = "nf4", blocksize: int = 64,
                   double_quant: bool = False) -> tuple[torch.Tensor, FourBitState]:
     """4-bit code-book quantization (NF4 or FP4) per block, two codes per byte; scales optionally double-quantized (chapter: 3)."""
-    code = _code(quant_type)
+    code = _code(quant_type).clone()  # the state owns its code book
     check_positive_int("blocksize", blocksize)
     t = _as_tensor(x).float()
     g = _groups(t, "block", blocksize)  # (G, blocksize)
-    absmax = g.abs().amax(dim=1, keepdim=True).clamp(min=1e-38)  # (G, 1)
-    idx = _ungroup(_nearest((g / absmax).clamp(-1, 1), code), tuple(t.shape)).reshape(-1)
+    absmax = g.abs().amax(dim=1, keepdim=True)  # (G, 1); 0 for an all-zero block, as bitsandbytes
+    idx = _ungroup(_nearest((g / _nonzero(absmax)).clamp(-1, 1), code), tuple(t.shape)).reshape(-1)
     if idx.numel() % 2:  # an odd count: the last byte's second code is that of 0.0, as bitsandbytes
         idx = torch.cat([idx, _nearest(torch.zeros(1), code)])
     packed = pack_bits(idx.to(torch.uint8), 4)
@@ -301,7 +322,7 @@ def pack_bits(q: torch.Tensor, bits: int) -> torch.Tensor:
     flat = q.reshape(-1).to(torch.uint8)
     if bits == 8:
         return flat.clone()
-    if int(flat.max()) >= 2 ** bits:
+    if flat.numel() and int(flat.max()) >= 2 ** bits:
         raise MemlabError(f"a code does not fit in {bits} bits (largest is {int(flat.max())})")
     shifts = torch.arange(bits - 1, -1, -1, dtype=torch.uint8)
     stream = ((flat.unsqueeze(1) >> shifts) & 1).reshape(-1)  # (n * bits,)
@@ -322,8 +343,9 @@ def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
 
 
 # Dequantization and storage ----------------------------------------------------------------------
-def _per_value(v: torch.Tensor, state, n_groups_shape) -> torch.Tensor:
-    return v.float().reshape(-1, 1) if v.dim() else v.float().reshape(1, 1)
+def _per_group(v: torch.Tensor) -> torch.Tensor:
+    """A stored per-group statistic (0-d for a whole tensor) as a (G, 1) float32 column."""
+    return v.float().reshape(-1, 1)
 
 
 def dequantize(q: torch.Tensor, state) -> torch.Tensor:
@@ -332,11 +354,11 @@ def dequantize(q: torch.Tensor, state) -> torch.Tensor:
         if state.shape is None:  # built by hand: a single scale
             return q.float() * (state.absmax / state.qmax)
         g = _groups(q.float(), state.granularity, state.blocksize or 1)
-        return _ungroup(g * (_per_value(state.absmax, state, None) / state.qmax), state.shape)
+        return _ungroup(g * (_per_group(state.absmax) / state.qmax), state.shape)
     if isinstance(state, ZeroPointState):
         g = _groups(q.float(), state.granularity, state.blocksize or 1)
-        scale = _per_value(state.scale, state, None)
-        zero = _per_value(state.zero, state, None)
+        scale = _per_group(state.scale)
+        zero = _per_group(state.zero)
         return _ungroup((g - zero) * scale, state.shape)
     if isinstance(state, BlockwiseState):
         g = _groups(state.code[q.long()], "block", state.blocksize)

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import copy
 import functools
-import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 import torch.nn as nn
@@ -34,14 +33,6 @@ from memlab.tasks import MarkovTask
 OPTIMIZERS = ("adamw", "adamw8bit")
 
 
-class _DropCastNotice(logging.Filter):
-    """bitsandbytes logs that fp32 inputs are cast to fp16 on every call; the chapter says so once."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "will be cast from" not in record.getMessage()
-
-
-logging.getLogger("bitsandbytes.autograd._functions").addFilter(_DropCastNotice())
 EVAL_SEED = 10**6  # held-out sequences are sampled with seeds from here on
 CALIB_SEED = 2 * 10**6  # calibration sequences (GPTQ, outlier statistics)
 
@@ -88,6 +79,10 @@ SIZES = {
 def lm_config(scale: str | None = None, **overrides) -> LMConfig:
     """The model and run for a scale (``ci`` fits 2 CPU cores in seconds) (chapter: 3)."""
     cfg = SIZES[get_scale(scale)]
+    unknown = sorted(set(overrides) - {f.name for f in fields(LMConfig)})
+    if unknown:
+        raise MemlabError(f"unknown LMConfig field {unknown[0]!r}; accepted: "
+                          + ", ".join(f.name for f in fields(LMConfig)))
     return replace(cfg, **overrides) if overrides else cfg
 
 
@@ -103,8 +98,18 @@ class TrainedLM:
     optimizer: str
     train_s: float
     device: str
-    state_bytes: int  # bytes of the optimizer's state tensors after the last step
-    trained_params: int  # parameters the optimizer updated
+    state: StateBytes  # the optimizer's state tensors after the last step, measured
+    opt: torch.optim.Optimizer | None = field(default=None, repr=False, compare=False)  # kept on request
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the optimizer's distinct state tensors after the last step."""
+        return self.state.state_bytes
+
+    @property
+    def trained_params(self) -> int:
+        """Parameters the optimizer updated."""
+        return self.state.trained_params
 
 
 def _lr_at(step: int, cfg: LMConfig, lr: float, steps: int) -> float:
@@ -125,17 +130,18 @@ def make_optimizer(name: str, params, lr: float):
 
 def train_lm(cfg: LMConfig | None = None, *, model: nn.Module | None = None, steps: int | None = None,
              lr: float | None = None, optimizer: str = "adamw", device=None,
-             seed_offset: int = 0) -> TrainedLM:
+             seed_offset: int = 0, keep_optimizer: bool = False) -> TrainedLM:
     """Train (or go on training ``model``) on the config's task; returns the loss per step, nats (chapter: 3).
 
     The batches are the same for every call with the same ``seed_offset``, so two optimizers or
-    two model variants see exactly the same data.
+    two model variants see exactly the same data. ``keep_optimizer`` keeps the optimizer (and
+    its state tensors) in :attr:`TrainedLM.opt`, to measure its state another way.
     """
-    cfg = cfg or lm_config()
+    cfg = _config(None, cfg)
     steps = check_positive_int("steps", steps if steps is not None else cfg.steps)
     lr = cfg.lr if lr is None else lr
-    if not lr > 0:
-        raise MemlabError(f"lr must be positive, got {lr!r}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+        raise MemlabError(f"lr must be a positive number, got {lr!r}")
     dev = pick_device(device)
     task = cfg.task()
     if model is None:
@@ -156,15 +162,77 @@ def train_lm(cfg: LMConfig | None = None, *, model: nn.Module | None = None, ste
         losses.append(float(loss.detach()))
     model.eval()
     return TrainedLM(model, cfg, task, losses, optimizer, time.perf_counter() - start,
-                     device_name(dev), optimizer_state_bytes(opt),
-                     sum(p.numel() for g in opt.param_groups for p in g["params"]))
+                     device_name(dev), measure_state(opt, model), opt if keep_optimizer else None)
 
 
-def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
-    """Bytes of every tensor in an optimizer's state (moments, 8-bit codes and their absmax) (chapter: 3)."""
-    seen = {(t.data_ptr(), t.numel()): t.numel() * t.element_size()  # shared code books once
-            for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)}
-    return sum(seen.values())
+def _state_tensors(opt: torch.optim.Optimizer, p: torch.Tensor) -> list[torch.Tensor]:
+    return [t for t in opt.state.get(p, {}).values() if isinstance(t, torch.Tensor)]
+
+
+def _key(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.numel() * t.element_size()
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """An optimizer's state, measured tensor by tensor, split into two sets of parameters (chapter: 3)."""
+
+    state_bytes: int  # every distinct state tensor, a tensor shared by many parameters once
+    trained_params: int
+    eligible_params: int  # parameters in the first set (by default: state holds 1-byte codes)
+    eligible_bytes: int  # their own state tensors, plus the shared tensors they use, once
+    other_params: int
+    other_bytes: int  # the rest, with shared tensors only the rest uses
+    shared_bytes: int  # tensors in the state of more than one parameter (8-bit code books)
+    eligible_names: tuple[str, ...]
+    other_names: tuple[str, ...]
+
+    @property
+    def bytes_per_param(self) -> float:
+        return self.state_bytes / self.trained_params
+
+    @property
+    def eligible_bytes_per_param(self) -> float | None:
+        return self.eligible_bytes / self.eligible_params if self.eligible_params else None
+
+    @property
+    def other_bytes_per_param(self) -> float | None:
+        return self.other_bytes / self.other_params if self.other_params else None
+
+
+def measure_state(opt: torch.optim.Optimizer, model: nn.Module,
+                eligible: set[str] | None = None) -> StateBytes:
+    """Bytes of an optimizer's state tensors, per parameter, over two sets of parameters (chapter: 3).
+
+    ``eligible`` names the first set; by default it is every parameter whose state holds a
+    tensor of 1-byte elements (the 8-bit codes). A tensor found in the state of several
+    parameters (bitsandbytes' code books) is counted once.
+    """
+    names = {id(p): n for n, p in model.named_parameters()}
+    params = [p for g in opt.param_groups for p in g["params"]]
+    seen: dict[tuple[int, int], int] = {}
+    for p in params:
+        for t in _state_tensors(opt, p):
+            seen[_key(t)] = seen.get(_key(t), 0) + 1
+    shared = {k for k, n in seen.items() if n > 1}
+    if eligible is None:
+        eligible = {names.get(id(p), "?") for p in params
+                    if any(t.element_size() == 1 for t in _state_tensors(opt, p))}
+    sets = {True: [0, 0, set(), []], False: [0, 0, set(), []]}  # params, own bytes, shared, names
+    for p in params:
+        keys = {_key(t) for t in _state_tensors(opt, p)}
+        acc = sets[names.get(id(p), "?") in eligible]
+        acc[0] += p.numel()
+        acc[1] += sum(k[1] for k in keys - shared)
+        acc[2] |= keys & shared
+        acc[3].append(names.get(id(p), "?"))
+    (n_in, own_in, sh_in, names_in), (n_out, own_out, sh_out, names_out) = sets[True], sets[False]
+    return StateBytes(
+        state_bytes=sum(k[1] for k in seen), trained_params=n_in + n_out,
+        eligible_params=n_in, eligible_bytes=own_in + sum(k[1] for k in sh_in),
+        other_params=n_out, other_bytes=own_out + sum(k[1] for k in sh_out - sh_in),
+        shared_bytes=sum(k[1] for k in shared), eligible_names=tuple(names_in),
+        other_names=tuple(names_out))
 
 
 @dataclass(frozen=True)
@@ -195,7 +263,7 @@ def eval_batch(cfg: LMConfig, *, calibration: bool = False) -> tuple[torch.Tenso
 @torch.no_grad()
 def evaluate(model: nn.Module, cfg: LMConfig, *, device=None) -> Quality:
     """Loss, accuracy and the optimum on the held-out sequences (chapter: 3)."""
-    task = cfg.task()
+    task = _config(None, cfg).task()
     x, y = eval_batch(cfg)
     dev = next(model.parameters()).device if device is None else pick_device(device)
     logits = task.scored(model(x.to(dev))).float().cpu()  # (n, T', V)
@@ -211,9 +279,18 @@ def _reference(cfg: LMConfig, device: str) -> TrainedLM:
     return train_lm(cfg, device=device)
 
 
-def reference_model(scale: str | None = None, *, device=None) -> TrainedLM:
-    """The trained fp32 model every scheme starts from; trained once per process (chapter: 3)."""
-    return _reference(lm_config(scale), str(pick_device(device)))
+def reference_model(scale: str | None = None, *, device=None, config: LMConfig | None = None) -> TrainedLM:
+    """The trained fp32 model every scheme starts from; trained once per process (chapter: 3).
+
+    ``config`` replaces the scale's :class:`LMConfig` (the tests use a smaller one).
+    """
+    return _reference(_config(scale, config), str(pick_device(device)))
+
+
+def _config(scale: str | None, config: LMConfig | None) -> LMConfig:
+    if config is not None and not isinstance(config, LMConfig):
+        raise MemlabError(f"config must be an LMConfig, got {type(config).__name__}")
+    return config or lm_config(scale)
 
 
 # Schemes -------------------------------------------------------------------------------------------
@@ -271,8 +348,8 @@ def layer_bytes(module: nn.Module, params: int) -> LayerStorage:
     if qs is not None:  # bitsandbytes Params4bit: packed codes, absmax (and its own absmax)
         extra = [qs.absmax] + ([qs.state2.absmax, qs.offset] if qs.nested else [])
         weight = _tensor_bytes(w.data, *extra)
-    elif getattr(w, "SCB", None) is not None:  # Int8Params: int8 codes and one fp32 absmax per row
-        weight = _tensor_bytes(w.data, w.SCB)
+    elif _int8_scales(module) is not None:  # Int8Params: int8 codes and one fp32 absmax per row
+        weight = _tensor_bytes(w.data, _int8_scales(module))
     elif hasattr(module, "stored_bytes"):
         weight = module.stored_bytes
     else:
@@ -280,11 +357,20 @@ def layer_bytes(module: nn.Module, params: int) -> LayerStorage:
     return LayerStorage(params, weight, saved)
 
 
+def _int8_scales(module: nn.Module) -> torch.Tensor | None:
+    """Linear8bitLt's per-row absmax: on the weight until the first forward, then on ``module.state``."""
+    scb = getattr(module.weight, "SCB", None)
+    if scb is None:
+        scb = getattr(getattr(module, "state", None), "SCB", None)
+    return scb if isinstance(scb, torch.Tensor) else None
+
+
 class DequantizedLinear(nn.Linear):
     """A linear layer whose weight is the dequantized value of stored codes (RTN, GPTQ) (chapter: 3).
 
     It computes with the dequantized fp32 weight (what a dequantize-then-matmul kernel does) and
-    reports the bytes of the codes, scales and zeros it stands for in ``stored_bytes``.
+    reports the bytes of the codes, scales and zeros it stands for in ``stored_bytes`` (the
+    weight only: a bias is counted with the model's other parameters, as for every scheme).
     """
 
     def __init__(self, linear: nn.Linear, q: torch.Tensor, state):
@@ -296,7 +382,7 @@ class DequantizedLinear(nn.Linear):
             self.weight.copy_(dequantize(q.cpu(), state).to(linear.weight.device))
             if linear.bias is not None:
                 self.bias.copy_(linear.bias)
-        self.stored_bytes = stored_bytes(q.cpu(), state) + _tensor_bytes(linear.bias)
+        self.stored_bytes = stored_bytes(q.cpu(), state)
 
 
 def _bnb_linear(linear: nn.Linear, scheme: str, device: torch.device) -> nn.Module:
@@ -458,6 +544,7 @@ class SchemeRow:
     mean_layer_error: float  # mean relative output error of the block linears
     max_layer_error: float
     quantize_s: float
+    other_params: int  # parameters of the embedding, norms and LM head
 
 
 @dataclass
@@ -471,6 +558,12 @@ class QuantComparison:
     train_s: float
     device: str
 
+    @property
+    def fp32_bytes(self) -> int:
+        """Bytes of the whole model in fp32: 4 per parameter, whichever schemes were compared."""
+        r = self.rows[0]
+        return 4 * (r.linear_params + r.other_params)
+
     def row(self, scheme: str) -> SchemeRow:
         check_choice("scheme", scheme, [r.scheme for r in self.rows])
         return next(r for r in self.rows if r.scheme == scheme)
@@ -482,7 +575,7 @@ class QuantComparison:
         return pd.DataFrame([{
             "scheme": r.scheme, "linear KiB": r.linear_bytes / 1024,
             "bits/param": r.bits_per_param, "total KiB": r.total_bytes / 1024,
-            "vs fp32": r.total_bytes / self.rows[0].total_bytes,
+            "vs fp32": r.total_bytes / self.fp32_bytes,
             "loss (nats)": r.loss, "excess (nats)": r.excess, "accuracy": r.accuracy,
             "mean layer error": r.mean_layer_error, "max layer error": r.max_layer_error,
         } for r in self.rows]).set_index("scheme")
@@ -494,13 +587,15 @@ class QuantComparison:
         return pd.DataFrame(self.layer_errors)
 
 
-def compare_schemes(scale: str | None = None, schemes=SCHEMES, *, device=None) -> QuantComparison:
+def compare_schemes(scale: str | None = None, schemes=SCHEMES, *, device=None,
+                    config: LMConfig | None = None) -> QuantComparison:
     """Quantize the reference model with every scheme; measure bytes, held-out quality, per-layer error (chapter: 3).
 
-    Computed once per process for the same scale, schemes and device.
+    Computed once per process for the same config, schemes and device; ``config`` replaces the
+    scale's :class:`LMConfig`.
     """
     schemes = tuple(check_choice("scheme", s, SCHEMES) for s in schemes)
-    return _compare(lm_config(scale), schemes, str(pick_device(device)))
+    return _compare(_config(scale, config), schemes, str(pick_device(device)))
 
 
 @functools.cache
@@ -518,7 +613,7 @@ def _compare(cfg: LMConfig, schemes: tuple[str, ...], device: str) -> QuantCompa
             s, SCHEME_LABELS[s], qm.linear_params, qm.linear_bytes, saved, qm.other_bytes,
             qm.total_bytes, 8 * qm.linear_bytes / qm.linear_params, quality.loss, quality.excess,
             quality.perplexity, quality.accuracy, sum(errs.values()) / len(errs), max(errs.values()),
-            qm.quantize_s))
+            qm.quantize_s, qm.other_params))
     return QuantComparison(rows, errors, evaluate(trained.model, cfg), cfg, trained.train_s,
                            trained.device)
 
@@ -567,8 +662,11 @@ def inject_outliers(model: nn.Module, channels, alpha: float) -> nn.Module:
     """
     if not alpha > 0:
         raise MemlabError(f"alpha must be positive, got {alpha!r}")
-    m = copy.deepcopy(model)
+    d = model.blocks[0].norm1.weight.numel()
     ch = torch.as_tensor(list(channels), dtype=torch.long)
+    if ch.numel() and (int(ch.min()) < 0 or int(ch.max()) >= d):
+        raise MemlabError(f"channels must lie in 0..{d - 1} (d_model={d}), got {ch.tolist()}")
+    m = copy.deepcopy(model)
     for block in m.blocks:
         for norm, targets in _NORMED.items():
             getattr(block, norm).weight[ch] *= alpha
@@ -606,13 +704,18 @@ class OutlierStudy:
 
 
 def outlier_study(scale: str | None = None, *, alpha: float = 32.0, n_channels: int = 4,
-                  device=None) -> OutlierStudy:
-    """Find outlier features, inject some, and measure plain int8 against LLM.int8() (chapter: 3)."""
+                  device=None, config: LMConfig | None = None) -> OutlierStudy:
+    """Find outlier features, inject some, and measure plain int8 against LLM.int8() (chapter: 3).
 
+    Computed once per process for the same arguments; ``config`` replaces the scale's :class:`LMConfig`.
+    """
     check_positive_int("n_channels", n_channels)
     if not alpha > 0:
         raise MemlabError(f"alpha must be positive, got {alpha!r}")
-    return _outliers(lm_config(scale), float(alpha), n_channels, str(pick_device(device)))
+    cfg = _config(scale, config)
+    if n_channels > cfg.d_model:
+        raise MemlabError(f"n_channels must be at most d_model={cfg.d_model}, got {n_channels}")
+    return _outliers(cfg, float(alpha), n_channels, str(pick_device(device)))
 
 
 @functools.cache
@@ -620,8 +723,6 @@ def _outliers(cfg: LMConfig, alpha: float, n_channels: int, device: str) -> Outl
     from memlab.quant import llm_int8_matmul
 
     trained = _reference(cfg, device)
-    if n_channels > cfg.d_model:
-        raise MemlabError(f"n_channels must be at most d_model={cfg.d_model}, got {n_channels}")
     g = torch.Generator().manual_seed(cfg.seed)
     channels = sorted(torch.randperm(cfg.d_model, generator=g)[:n_channels].tolist())
     injected = inject_outliers(trained.model, channels, alpha)
@@ -705,6 +806,10 @@ def quant_speed(d_in: int = 8192, d_out: int = 8192, tokens=(1, 16, 2048), *, re
     """Forward time of one linear layer per scheme against bf16, ms (CUDA only) (chapter: 3)."""
     from memlab.mixed import _cuda_ms
 
+    check_positive_int("d_in", d_in)
+    check_positive_int("d_out", d_out)
+    for n in tokens:
+        check_positive_int("tokens", n)
     dev = pick_device(device)
     if dev.type != "cuda":
         return QuantSpeed(f"not measurable on {dev.type}: the timings are of bitsandbytes' CUDA "
@@ -736,10 +841,16 @@ NEOX_20B = dict(d_model=6144, n_layer=44, vocab_size=50432, d_ff=24576)
 CLAIMED_PARAMS = 20 * 10**9  # the claim's round "20B"
 
 
+def _neox_20b_linears() -> list[tuple[int, int]]:
+    """(out_features, in_features) of one block's linears: fused qkv, attention out, MLP in and out."""
+    d, f = NEOX_20B["d_model"], NEOX_20B["d_ff"]
+    return [(3 * d, d), (d, d), (f, d), (d, f)]
+
+
 def neox_20b_groups() -> dict[str, int]:
     """Parameters of GPT-NeoX-20B by kind: block linear weights, embeddings + head, biases and norms (chapter: 3)."""
     d, L, V, f = (NEOX_20B[k] for k in ("d_model", "n_layer", "vocab_size", "d_ff"))
-    linear = L * (3 * d * d + d * d + 2 * d * f)  # qkv, attention out, MLP in and out
+    linear = L * sum(o * i for o, i in _neox_20b_linears())
     biases_norms = L * (3 * d + d + f + d + 4 * d) + 2 * d  # linear biases, 2 LayerNorms per block, final
     return {"linear": linear, "embeddings": 2 * V * d, "biases+norms": biases_norms}
 
@@ -758,11 +869,12 @@ def memory_20b() -> list[MemoryRow]:
 
     g = neox_20b_groups()
     rest = g["embeddings"] + g["biases+norms"]
-    d = NEOX_20B["d_model"]
+    shapes = _neox_20b_linears()
+    rows_per_param = sum(o for o, _ in shapes) / sum(o * i for o, i in shapes)  # one scale per row
     plan = [  # scheme, naive bits, linear bits (scales included), bytes of the rest per param
         ("fp32", 32, 32.0, 4),
         ("fp16", 16, 16.0, 2),
-        ("int8 (per-row absmax)", 8, bits_per_parameter("int8", blocksize=d), 2),
+        ("int8 (per-row absmax)", 8, 8 + 32 * rows_per_param, 2),
         ("nf4", 4, bits_per_parameter("nf4"), 2),
         ("nf4 + double quant", 4, bits_per_parameter("nf4", double_quant=True), 2),
         ("int4 GPTQ, groups of 128", 4, bits_per_parameter("int4-zp", blocksize=128), 2),
@@ -804,10 +916,11 @@ def _claims():
     @claims.register("C16", _CH3, "A 4-bit model costs exactly half a byte per parameter.")
     @functools.cache
     def c16():
-        comp = compare_schemes(None, ("fp32", "nf4", "nf4-dq", "rtn-4"), device="cpu")
+        comp = compare_schemes(None, device="cpu")  # the full comparison, cached for C17
         nf4, dq, rtn = comp.row("nf4"), comp.row("nf4-dq"), comp.row("rtn-4")
-        n_all = comp.row("fp32").total_bytes / 4
+        n_all = comp.fp32_bytes / 4
         exact = abs(nf4.total_bytes / n_all - 0.5) < 1e-9
+        block = round(32 / (nf4.bits_per_param - 4))  # one fp32 absmax per block: 4 + 32 / block bits
         evidence = (
             f"measured from the stored tensors of the book's model: block linears "
             f"{nf4.bits_per_param:.3f} bits/param in NF4, {dq.bits_per_param:.3f} with double "
@@ -816,7 +929,7 @@ def _claims():
             "(embedding, norms and head in bf16)")
         return claims.judge(
             "", exact, evidence,
-            correction=(f"4-bit codes cost half a byte, but each block of {64} weights also stores "
+            correction=(f"4-bit codes cost half a byte, but each block of {block} weights also stores "
                         f"an fp32 absmax: {nf4.bits_per_param:.2f} bits ({nf4.bits_per_param / 8:.4f} "
                         f"bytes) per weight, {dq.bits_per_param:.3f} with double quantization, and "
                         "the layers left in 16-bit raise the whole model's average further"))
