@@ -10,6 +10,7 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.quant import (
+    NF4_OFFSET,
     SCHEMES,
     AbsmaxState,
     absmax_quantize,
@@ -749,3 +750,18 @@ def test_state_code_book_is_not_the_shared_cache(make, book):
     st.code[0] = 5.0  # a state owns its code book: writing to it leaves the module's table alone
     assert float(book()[0]) != 5.0
     assert float(make().code[0]) != 5.0
+
+
+def test_nf4_offset_moves_the_outer_levels():
+    """A larger offset pushes the outermost quantile out, so the inner levels (after scaling to 1) shrink."""
+    default, wide = nf4_codebook(), nf4_codebook(offset=0.99)
+    assert torch.equal(nf4_codebook(offset=NF4_OFFSET), default)
+    assert wide[0] == -1 and wide[-1] == 1 and (wide == 0).sum() == 1
+    inner = (default.abs() < 1) & (default != 0)
+    assert (wide[inner].abs() < default[inner].abs()).all()
+
+
+@pytest.mark.parametrize("bad", [0.5, 1.0, 1.2, "x", True])
+def test_nf4_offset_must_be_a_probability_above_half(bad):
+    with pytest.raises(MemlabError, match="offset must be a probability strictly between 0.5 and 1"):
+        nf4_codebook(offset=bad)

@@ -348,13 +348,14 @@ def test_comparison_rows_follow_the_requested_schemes(comparison, quantize, refe
 
 
 def test_comparison_layer_error_recomputed(comparison, reference, quantize):
-    """||y_q - y|| / ||y|| of one layer on the reference's own inputs, from a hook of our own."""
+    """||y_q - y|| / ||y|| of one layer on the reference's own inputs, from a hook of our own:
+    held-out sequences, as many as the calibration set, never the calibration ones GPTQ fits to."""
     name = "blocks.1.mlp.down_proj"
     ref = reference[0].model
     seen = {}
     h = ref.get_submodule(name).register_forward_pre_hook(lambda m, a: seen.update(x=a[0]))
     try:
-        _logits(ref, quantmodel.eval_batch(SMALL, calibration=True)[0])
+        _logits(ref, quantmodel.eval_batch(SMALL)[0][: SMALL.calib_sequences])
     finally:
         h.remove()
     x = seen["x"].reshape(-1, SMALL.d_ff)
@@ -648,3 +649,45 @@ def test_adamw8bit_state_bytes():
     assert r.state.shared_bytes == 2 * 256 * 4
     assert set(r.state.eligible_names) == eight
     assert r.state.other_bytes == 8 * r.state.other_params
+
+
+def test_group_size_reaches_rtn_and_gptq(reference):
+    """Groups of 32: one fp16 scale and one 4-bit zero per 32 weights, 4 + 20/32 bits."""
+    comp = quantmodel.compare_schemes(schemes=("rtn-4", "gptq-4"), device="cpu", config=SMALL,
+                                      group_size=32)
+    for s in ("rtn-4", "gptq-4"):
+        assert comp.row(s).bits_per_param == pytest.approx(4 + (16 + 4) / 32)
+    with pytest.raises(MemlabError, match="group_size must be a positive integer, got 0"):
+        quantmodel.compare_schemes(schemes=("rtn-4",), device="cpu", config=SMALL, group_size=0)
+
+
+def test_paired_delta_is_the_mean_and_standard_error_of_sequence_differences(reference):
+    trained, _ = reference
+    ref_q = quantmodel.evaluate(trained.model, SMALL)
+    assert ref_q.seq_loss.shape == (SMALL.eval_sequences,)
+    assert float(ref_q.seq_loss.mean()) == pytest.approx(ref_q.loss, rel=1e-6)  # equal lengths
+    assert quantmodel.paired_delta(ref_q, ref_q) == (0.0, 0.0)
+    other = quantmodel.evaluate(quantmodel.quantize_model(trained, "rtn-3", device="cpu").model, SMALL)
+    delta, se = quantmodel.paired_delta(other, ref_q)
+    d = (other.seq_loss - ref_q.seq_loss).tolist()
+    mean = sum(d) / len(d)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in d) / (len(d) - 1))
+    assert delta == pytest.approx(other.loss - ref_q.loss, abs=2e-6)  # fp32 losses vs fp64 means
+    assert se == pytest.approx(sd / math.sqrt(len(d)), rel=1e-9) and se > 0
+
+
+def test_paired_delta_refuses_unpaired_qualities(reference):
+    q = quantmodel.evaluate(reference[0].model, SMALL)
+    bare = quantmodel.Quality(q.loss, q.best_loss, q.accuracy, q.best_accuracy)
+    with pytest.raises(MemlabError, match="per-sequence losses"):
+        quantmodel.paired_delta(bare, q)
+    shorter = quantmodel.evaluate(reference[0].model, replace(SMALL, eval_sequences=8))
+    with pytest.raises(MemlabError, match="different sequences"):
+        quantmodel.paired_delta(shorter, q)
+
+
+def test_comparison_rows_carry_the_paired_delta(comparison):
+    for r in comparison.rows:
+        assert r.loss_delta == pytest.approx(r.loss - comparison.reference.loss, abs=1e-6)
+        assert r.loss_delta_se >= 0
+    assert comparison.row("fp32").loss_delta == 0 and comparison.row("fp32").loss_delta_se == 0

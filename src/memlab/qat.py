@@ -62,6 +62,7 @@ from memlab.quantmodel import (
     evaluate,
     lm_config,
     measure_state,
+    paired_delta,
     train_lm,
 )
 
@@ -196,6 +197,12 @@ def optimizer_comparison(scale: str | None = None, *, steps: int | None = None, 
         eligible_tensors=sb8.eligible_names, small_tensors=sb8.other_names,
         min_8bit_size=getattr(getattr(tr8.opt, "args", None), "min_8bit_size", None),
         seconds=time.perf_counter() - start)
+
+
+def _gain(before: Quality, after: Quality) -> str:
+    """How much lower ``after``'s held-out loss is than ``before``'s, nats, with 2 paired standard errors."""
+    d, se = paired_delta(before, after)
+    return f"{d:+.4f} +- {2 * se:.4f}"
 
 
 # Fake quantization with a learned step size (LSQ) ------------------------------------------------
@@ -492,8 +499,11 @@ class QatResult:
                 (f"QAT int{self.bits}, learned scale", self.qat)]
         lines = [f"{self.bits}-bit per-row weights in {len(self.layers)} layers; fine-tuning "
                  f"{self.steps} steps at lr {self.lr:g} on {self.device}",
-                 f"{'model':<34}{'excess loss':>12}{'accuracy':>10}"]
-        lines += [f"{n:<34}{q.excess:>12.4f}{q.accuracy:>10.4f}" for n, q in rows]
+                 f"{'model':<34}{'excess loss':>12}{'accuracy':>10}{'vs PTQ +- 2 SE (nats)':>24}"]
+        for n, q in rows:
+            d, se = paired_delta(q, self.ptq)
+            lines.append(f"{n:<34}{q.excess:>12.4f}{q.accuracy:>10.4f}"
+                         + f"{d:>+15.4f} +- {2 * se:.4f}")
         lines.append(f"learned / initial step size: median |change| {self.scale_change_median:.1%}"
                      f" (min/max QAT's, following the weights: {self.minmax_change_median:.1%})"
                      "; per layer median " + ", ".join(
@@ -614,9 +624,10 @@ def _claims():
                 "training does not update"
                 + (f"; its learned-scale variant is {t.learnable}"
                    + ("" if t.learnable_public else ", not exported") if t.learnable else "")
-                + f". Here, learning the scale gave {r.learned_scale_gain:+.4f} nats over "
-                f"recomputing it from min/max, and QAT {r.qat_gain:+.4f} nats over PTQ "
-                f"({r.control_gain:+.4f} over as much fp32 fine-tuning, then PTQ)"
+                + f". Here, held-out loss lowered by (nats, negative = raised, +- 2 paired "
+                f"standard errors): learning the scale instead of recomputing it from min/max "
+                f"{_gain(r.qat_minmax, r.qat)}; QAT instead of PTQ {_gain(r.ptq, r.qat)}; QAT "
+                f"instead of as much fp32 fine-tuning, then PTQ {_gain(r.control, r.qat)}"
                 + ("; most of QAT's gain comes from the weights adapting to the grid, not from "
                    "learning the scale" if mostly_weights else
                    "; learning the scale accounts for much of QAT's gain"))
@@ -624,7 +635,7 @@ def _claims():
             "", moved, evidence, caveat=caveat,
             correction=(
                 f"with learned step sizes (LSQ) the scales barely moved (median "
-                f"{r.scale_change_median:.2%}); QAT's gain over PTQ ({r.qat_gain:+.4f} nats) "
+                f"{r.scale_change_median:.2%}); QAT lowers PTQ's excess loss by {r.qat_gain:.4f} nats, which "
                 "comes from the weights adapting to a fixed grid, and PyTorch's default "
                 f"fake quantization ({default}) computes its scale from the observed min/max "
                 "rather than learning it"),

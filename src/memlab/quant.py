@@ -214,22 +214,25 @@ def zeropoint_quantize(x, bits: int = 8, *, granularity: str = "tensor", blocksi
 
 # Code books --------------------------------------------------------------------------------------
 @functools.cache
-def _nf4() -> torch.Tensor:
+def _nf4(offset: float = NF4_OFFSET) -> torch.Tensor:
     ndtri = torch.special.ndtri
     # Probabilities in float32 and quantiles in float64, then float32: bitsandbytes' exact steps.
-    pos = ndtri(torch.linspace(NF4_OFFSET, 0.5, 9)[:-1].double())  # 8 positive quantiles
-    neg = -ndtri(torch.linspace(NF4_OFFSET, 0.5, 8)[:-1].double())  # 7 negative ones
+    pos = ndtri(torch.linspace(offset, 0.5, 9)[:-1].double())  # 8 positive quantiles
+    neg = -ndtri(torch.linspace(offset, 0.5, 8)[:-1].double())  # 7 negative ones
     v = torch.cat([pos, torch.zeros(1, dtype=torch.float64), neg]).float().sort().values
     return v / v.max()
 
 
-def nf4_codebook() -> torch.Tensor:
+def nf4_codebook(offset: float = NF4_OFFSET) -> torch.Tensor:
     """NF4's 16 values, from quantiles of N(0, 1) scaled to [-1, 1]; exact 0 included (chapter: 3).
 
     Asymmetric on purpose: 8 positive and 7 negative quantiles, so that 0 is a code. Sorted, which
-    is also bitsandbytes' index order.
+    is also bitsandbytes' index order. ``offset`` is the probability of the outermost quantile
+    (QLoRA's 0.9677 by default); it must lie strictly between 0.5 and 1.
     """
-    return _nf4().clone()
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not 0.5 < offset < 1:
+        raise MemlabError(f"offset must be a probability strictly between 0.5 and 1, got {offset!r}")
+    return _nf4(float(offset)).clone()
 
 
 @functools.cache

@@ -518,7 +518,8 @@ def check_model_gb(answer):
         (model_weights_gb(bits=4.0), "that counts 4 bits per quantized weight: add the "
          "absmax of each block of 64, double-quantized (bits_per_parameter)"),
         (model_weights_gb(bits=bits_per_parameter("nf4", blocksize=QLORA["blocksize"])),
-         "that is NF4 without double quantization: the absmax of each block is stored in 8 bits"),
+         "that is NF4 without double quantization (one fp32 absmax per block): QLoRA "
+         "double-quantizes the absmax values to 8 bits"),
         (everything, "the embedding, lm_head and norms stay in bf16: quantize only the Linear "
          "weights of the blocks"),
         (expected * 10**9 / 2**30, "GiB and GB are different units: answer GB (10^9 bytes)"),
