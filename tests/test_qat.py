@@ -314,3 +314,14 @@ def test_bad_input_to_experiments(small_reference):
         qat.FakeQuantLinear(nn.Conv1d(2, 2, 1), 4)
     with pytest.raises(MemlabError, match="blocks"):
         qat.wrap_linears(nn.Sequential(nn.Linear(2, 2)), 4)
+
+
+def test_optimizer_frame_pairs_each_run_with_adamw(comparison):
+    pytest.importorskip("pandas")
+    df = comparison.frame()
+    assert list(df.index) == [r.optimizer for r in comparison.runs]
+    assert df.loc["adamw", "vs adamw (nats)"] == 0 and df.loc["adamw", "2 SE"] == 0
+    gap = df.loc["adamw8bit", "vs adamw (nats)"]
+    assert gap == pytest.approx(comparison.loss_gap, abs=2e-6)
+    assert df.loc["adamw8bit", "2 SE"] > 0
+    assert "train s" not in df.columns  # timings never go in a checked table

@@ -140,6 +140,21 @@ class OptimizerComparison:
         """Held-out loss of AdamW8bit minus AdamW's, nats."""
         return self.run("adamw8bit").quality.loss - self.run("adamw").quality.loss
 
+    def frame(self):
+        """State bytes and held-out quality per optimizer, loss against AdamW's with 2 paired SE, as a DataFrame (chapter: 3)."""
+        import pandas as pd
+
+        base = self.run("adamw").quality if "adamw" in [r.optimizer for r in self.runs] else None
+        rows = []
+        for r in self.runs:
+            d, se = paired_delta(r.quality, base) if base is not None else (math.nan, math.nan)
+            rows.append({"optimizer": r.optimizer, "state bytes": r.state_bytes,
+                         "bytes/param": r.bytes_per_param,
+                         "bytes/param (8-bit-eligible tensors)": r.eligible_bytes_per_param,
+                         "held-out excess (nats)": r.quality.excess, "accuracy": r.quality.accuracy,
+                         "vs adamw (nats)": d, "2 SE": 2 * se})
+        return pd.DataFrame(rows).set_index("optimizer")
+
     def table(self) -> str:
         """State bytes, bytes per parameter and held-out quality as text (chapter: 3)."""
         lines = [f"{self.steps} steps on {self.device}; {self.eligible_params:,} parameters in "
