@@ -25,6 +25,14 @@ CHROMIUM_ARGS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _no_report(monkeypatch):
+    """No test appends to a learner's lab report, whatever the environment says."""
+    from memlab.lab import REPORT_ENV
+
+    monkeypatch.delenv(REPORT_ENV, raising=False)
+
+
 def require_or_skip(reason: str) -> None:
     """Skip, or fail when MEMLAB_REQUIRE_HTML=1 (the `make test` path) demands the check."""
     if os.environ.get("MEMLAB_REQUIRE_HTML") == "1":

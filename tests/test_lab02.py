@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from memlab.formats import bits, round_to, spec
-from memlab.lab import REPORT_ENV, get_lab
+from memlab.lab import get_lab
 from memlab.labs import lab02
 from memlab.labs.lab02 import (
     ALL_PATTERN_FORMATS,
@@ -28,11 +28,6 @@ from memlab.labs.lab02 import (
     rounding_note,
     scale_window,
 )
-
-
-@pytest.fixture(autouse=True)
-def _no_report(monkeypatch):
-    monkeypatch.delenv(REPORT_ENV, raising=False)
 
 
 @pytest.fixture

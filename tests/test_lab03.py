@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from memlab.errors import MemlabError
-from memlab.lab import REPORT_ENV, get_lab
+from memlab.lab import get_lab
 from memlab.labs import lab03
 from memlab.labs.lab03 import (
     BITS_CASES,
@@ -29,11 +29,6 @@ from memlab.labs.lab03 import (
 )
 from memlab.models import PRESETS
 from memlab.quant import bits_per_parameter, zeropoint_quantize
-
-
-@pytest.fixture(autouse=True)
-def _no_report(monkeypatch):
-    monkeypatch.delenv(REPORT_ENV, raising=False)
 
 
 @pytest.fixture

@@ -29,11 +29,6 @@ SCRIPT = ROOT / "scripts" / "make_student.py"
 LAB_NOTEBOOKS = sorted(LABS_DIR.glob("*.ipynb"))
 
 
-@pytest.fixture(autouse=True)
-def _no_report(monkeypatch):
-    monkeypatch.delenv(REPORT_ENV, raising=False)
-
-
 @pytest.fixture
 def lab():
     lab = Lab("t", "a test lab")
@@ -462,3 +457,26 @@ def test_fixture_lab_end_to_end(tmp_path, monkeypatch):
 @pytest.mark.parametrize("notebook", LAB_NOTEBOOKS, ids=[p.stem for p in LAB_NOTEBOOKS])
 def test_every_lab_runs_as_instructor_and_student(notebook, tmp_path, monkeypatch):
     _check_both_versions(notebook, tmp_path, monkeypatch)
+
+
+def test_answer_number_takes_real_scalars_only():
+    import numpy as np
+    import torch
+
+    from memlab.lab import answer_number
+
+    assert answer_number(3) == 3.0 and answer_number(np.float32(0.5)) == 0.5
+    assert answer_number(torch.tensor(2.5)) == 2.5 and answer_number(torch.tensor([4.0])) == 4.0
+    for bad in (True, "1", None, torch.tensor([1.0, 2.0]), torch.tensor(1 + 2j), np.bool_(True)):
+        assert answer_number(bad) is None
+
+
+def test_answer_keys_problem_names_what_is_wrong():
+    from memlab.lab import answer_keys_problem
+
+    keys = ("a", "b")
+    assert answer_keys_problem({"a": 1, "b": 2}, keys, "CASES") is None
+    assert answer_keys_problem([1, 2], keys, "CASES") == "answer a dict with the keys of CASES, got list"
+    assert answer_keys_problem({"a": 1}, keys, "CASES") == "missing keys ['b']"
+    assert answer_keys_problem({"a": 1, "b": 2, "c": 3}, keys, "CASES") == "unknown keys ['c']"
+    assert answer_keys_problem({"a": None, "b": ...}, keys, "CASES") == "fill in 'a', 'b'"

@@ -351,6 +351,37 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def answer_number(value: Any) -> float | None:
+    """A learner's answer as a float (Python, numpy and torch real scalars, 1-element tensors), else None (chapters: 2, 3)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    item = getattr(value, "item", None)  # numpy and torch scalars; a larger tensor raises
+    if callable(item):
+        try:
+            out = item()
+        except Exception:
+            return None
+        return float(out) if isinstance(out, numbers.Real) and not isinstance(out, bool) else None
+    return None
+
+
+def answer_keys_problem(answer: Any, keys: Iterable[str], name: str) -> str | None:
+    """Why a dict answer does not have exactly the keys ``keys`` (named ``name``), all filled in; None if it does (chapters: 2, 3)."""
+    keys = list(keys)
+    if not isinstance(answer, Mapping):
+        return f"answer a dict with the keys of {name}, got {type(answer).__name__}"
+    missing = [k for k in keys if k not in answer]
+    extra = [str(k) for k in answer if k not in keys]
+    if missing or extra:
+        return f"missing keys {missing}" if missing else f"unknown keys {extra}"
+    blank = [k for k in keys if answer[k] is None or answer[k] is Ellipsis]
+    if blank:
+        return f"fill in {', '.join(repr(k) for k in blank)}"
+    return None
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Number) and not isinstance(value, bool)
 

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import inspect
 import math
-import numbers
-from collections.abc import Mapping
 
 import torch
 
 from memlab.formats import dtype, round_to, spec
-from memlab.lab import define_lab
+from memlab.lab import answer_keys_problem, answer_number, define_lab
 
 # Exercise 2.1: bit patterns to decode by hand, as (format, bit string).
 PATTERNS = {
@@ -224,22 +222,6 @@ def grad_scaler_scales(max_abs_grad: float, steps: int, fmt: str = GRAD_FORMAT,
 # -------------------------------------------------------------------------- checks
 
 
-def _number(value) -> float | None:
-    """A real number as a float (numpy and torch scalars too), or None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return float(value.item())
-    item = getattr(value, "item", None)
-    if callable(item):
-        try:
-            out = item()
-        except Exception:
-            return None
-        return float(out) if isinstance(out, numbers.Real) and not isinstance(out, bool) else None
-    return None
 
 
 def _same(answer: float, expected: float) -> bool:
@@ -278,7 +260,7 @@ def check_decode(answer):
     wrong: dict[str, list[tuple[str, str]]] = {}
     for (label, fmt, b), value in zip(cases, got, strict=True):
         expected = pattern_value(b, fmt)
-        number = _number(value)
+        number = answer_number(value)
         if number is None or not _same(number, expected):
             wrong.setdefault(label, []).append((b, value_kind(expected, fmt)))
     if not wrong:
@@ -298,18 +280,12 @@ def check_decode(answer):
 
 def check_predictions(answer):
     """Check a dict of predicted round trips against round_to (chapter: 2)."""
-    if not isinstance(answer, Mapping):
-        return False, f"answer a dict with the keys of CASES, got {type(answer).__name__}"
-    missing = [k for k in CASES if k not in answer]
-    extra = [str(k) for k in answer if k not in CASES]
-    if missing or extra:
-        return False, (f"missing keys {missing}" if missing else f"unknown keys {extra}")
-    blank = [k for k in CASES if answer[k] is None or answer[k] is Ellipsis]
-    if blank:
-        return False, f"fill in {', '.join(repr(k) for k in blank)}"
+    problem = answer_keys_problem(answer, CASES, "CASES")
+    if problem:
+        return False, problem
     wrong = []
     for key, (x, fmt) in CASES.items():
-        number = _number(answer[key])
+        number = answer_number(answer[key])
         if number is None or not _same(number, round_to(x, fmt)):
             wrong.append(key)
     if not wrong:
@@ -320,7 +296,7 @@ def check_predictions(answer):
 
 def check_loss_scale(answer, grads):
     """Check a loss scale: a power of two, no overflow, the fewest gradients flushed (chapter: 2)."""
-    scale = _number(answer)
+    scale = answer_number(answer)
     if scale is None:
         return False, f"answer a number, the loss scale S; got {type(answer).__name__}"
     if not (math.isfinite(scale) and scale > 0 and math.frexp(scale)[0] == 0.5):

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 
 from memlab.errors import MemlabError
 from memlab.formats import spec
-from memlab.lab import define_lab
+from memlab.lab import answer_keys_problem, answer_number, define_lab
 from memlab.models import PRESETS, ModelConfig
 from memlab.quant import (
     absmax_quantize,
@@ -244,22 +244,6 @@ def best_scheme(table: Iterable[SchemeRow], budget: int) -> str:
 # -------------------------------------------------------------------------- checks
 
 
-def _number(value) -> float | None:
-    """A real number as a float (numpy and torch scalars and 1-element tensors too), or None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, torch.Tensor):
-        return float(value.item()) if value.numel() == 1 and not value.is_complex() else None
-    item = getattr(value, "item", None)
-    if callable(item):
-        try:
-            out = item()
-        except Exception:
-            return None
-        return float(out) if isinstance(out, numbers.Real) and not isinstance(out, bool) else None
-    return None
 
 
 def _close(a: float, b: float, rtol: float = 1e-5) -> bool:
@@ -325,7 +309,7 @@ def check_absmax(answer):
     codes, scale = out
     if codes is None and scale is None:
         return None
-    scale = _number(scale)
+    scale = answer_number(scale)
     if scale is None:
         return False, "scale must be one number (a float or a 0-d tensor)"
     codes, why = _codes_tensor(codes, x.shape)
@@ -385,7 +369,7 @@ def check_zeropoint(answer):
         codes, scale, zero = out
         if codes is None and scale is None and zero is None:
             return None
-        scale, zero = _number(scale), _number(zero)
+        scale, zero = answer_number(scale), answer_number(zero)
         if scale is None or zero is None:
             return False, "scale and zero must each be one number (a float, an int or a 0-d tensor)"
         codes, why = _codes_tensor(codes, t.shape)
@@ -480,18 +464,12 @@ def _bits_variants(case: dict) -> list[tuple[float, str]]:
 
 def check_bits(answer):
     """Check predicted bits per parameter for every case of :data:`BITS_CASES` (chapter: 3)."""
-    if not isinstance(answer, Mapping):
-        return False, f"answer a dict with the keys of BITS_CASES, got {type(answer).__name__}"
-    missing = [k for k in BITS_CASES if k not in answer]
-    extra = [str(k) for k in answer if k not in BITS_CASES]
-    if missing or extra:
-        return False, (f"missing keys {missing}" if missing else f"unknown keys {extra}")
-    blank = [k for k in BITS_CASES if answer[k] is None or answer[k] is Ellipsis]
-    if blank:
-        return False, f"fill in {', '.join(repr(k) for k in blank)}"
+    problem = answer_keys_problem(answer, BITS_CASES, "BITS_CASES")
+    if problem:
+        return False, problem
     wrong = []
     for key, case in BITS_CASES.items():
-        got = _number(answer[key])
+        got = answer_number(answer[key])
         expected = bits_per_parameter(**case)
         if got is not None and _close(got, expected, rtol=1e-4):
             continue
@@ -506,7 +484,7 @@ def check_bits(answer):
 
 def check_model_gb(answer):
     """Check the GB of :data:`MODEL`'s weights stored the QLoRA way (chapter: 3)."""
-    got = _number(answer)
+    got = answer_number(answer)
     if got is None:
         return False, f"answer a number of GB, got {type(answer).__name__}"
     expected = model_weights_gb()
@@ -574,7 +552,7 @@ def check_outliers(answer, x):
 
 def check_error_ratio(answer, x, weight):
     """Check plain int8's output error divided by LLM.int8()'s, within 1% (chapter: 3)."""
-    got = _number(answer)
+    got = answer_number(answer)
     if got is None:
         return False, f"answer a number, got {type(answer).__name__}"
     errors = int8_errors(x, weight)
