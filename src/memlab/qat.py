@@ -496,11 +496,6 @@ class QatResult:
         return self.ptq.excess - self.qat.excess
 
     @property
-    def control_gain(self) -> float:
-        """Fine-tune-then-PTQ's excess loss minus QAT's, nats: QAT's gain beyond extra training."""
-        return self.control.excess - self.qat.excess
-
-    @property
     def learned_scale_gain(self) -> float:
         """Min/max-scale QAT's excess loss minus learned-scale QAT's, nats."""
         return self.qat_minmax.excess - self.qat.excess

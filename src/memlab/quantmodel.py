@@ -617,12 +617,6 @@ class QuantComparison:
             "mean layer error": r.mean_layer_error, "max layer error": r.max_layer_error,
         } for r in self.rows]).set_index("scheme")
 
-    def layer_table(self):
-        """Relative output error, layers by schemes, as a DataFrame."""
-        import pandas as pd
-
-        return pd.DataFrame(self.layer_errors)
-
 
 def compare_schemes(scale: str | None = None, schemes=SCHEMES, *, device=None,
                     config: LMConfig | None = None, group_size: int = GROUP_SIZE) -> QuantComparison:
