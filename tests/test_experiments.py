@@ -20,16 +20,18 @@ def test_get_experiment_rejects_unknown_name():
 
 
 def test_refuse_before_allocating(monkeypatch):
-    monkeypatch.setattr(ex, "device_memory_bytes", lambda device: 16 * 2**30)  # a T4
-    ex.refuse_if_too_big(10 * 2**30, torch.device("cuda"), "a step")  # fits: no error
+    import memlab.device as dev
+
+    monkeypatch.setattr(dev, "device_memory_bytes", lambda device: 16 * 2**30)  # a T4
+    dev.refuse_if_too_big(10 * 2**30, torch.device("cuda"), "a step")  # fits: no error
     with pytest.raises(MemlabError, match=r"a step needs about 125\.5 GiB .* 16\.0 GiB"):
-        ex.refuse_if_too_big(int(125.5 * 2**30), torch.device("cuda"), "a step")
+        dev.refuse_if_too_big(int(125.5 * 2**30), torch.device("cuda"), "a step")
 
 
 def test_step_memory_refuses_on_small_gpu_without_allocating(monkeypatch):
     """On a (pretend) 1 GiB GPU the full-scale step is traced, found too big, and refused."""
     monkeypatch.setattr(ex, "pick_device", lambda: torch.device("cuda"))
-    monkeypatch.setattr(ex, "device_memory_bytes", lambda device: 2**30)
+    monkeypatch.setattr("memlab.device.device_memory_bytes", lambda device: 2**30)
     monkeypatch.setattr("memlab.measure.measure_step", lambda *a, **k: pytest.fail("allocated"))
     with pytest.raises(MemlabError, match="a gpt2 training step needs about"):
         ex.step_memory("full")

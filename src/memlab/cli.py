@@ -211,11 +211,13 @@ def main(argv: list[str] | None = None) -> int:
             env_report()
             return 0
         if args.command == "list":
-            from memlab.experiments import EXPERIMENTS
+            from memlab.experiments import EXPERIMENTS, describe_sizes
 
-            width = max(len(n) for n in EXPERIMENTS)
             for name in sorted(EXPERIMENTS):
-                print(f"{name:<{width}}  {EXPERIMENTS[name].summary}")
+                exp = EXPERIMENTS[name]
+                print(f"{name}: {exp.summary} ({exp.chapter})")
+                for scale, size in exp.sizes.items():
+                    print(f"    {scale:<5} {describe_sizes(size)}")
             return 0
         if args.command == "run":
             return _cmd_run(args, argv)

@@ -34,19 +34,28 @@ def _mps_available() -> bool:
     return bool(mps is not None and mps.is_available())
 
 
-def pick_device(prefer: str | None = None) -> torch.device:
+def pick_device(prefer: str | torch.device | None = None) -> torch.device:
     """Return the device experiments run on: CUDA, then MPS, then CPU (chapter: all).
 
-    ``prefer`` (or ``$MEMLAB_DEVICE``) forces one; asking for one that is not present
-    raises a one-line :class:`MemlabError`.
+    ``prefer`` (a name or a ``torch.device``; else ``$MEMLAB_DEVICE``) forces one; asking for
+    one that is not present raises a one-line :class:`MemlabError`.
     """
+    if isinstance(prefer, torch.device):
+        check_choice("device", prefer.type, DEVICES)
+        pick_device(prefer.type)  # present?
+        return prefer
     want = prefer or os.environ.get(DEVICE_ENV) or None
     if want is not None:
-        want = check_choice("device", want.strip().lower(), DEVICES)
-        if want == "cuda" and not torch.cuda.is_available():
-            raise MemlabError("device 'cuda' was asked for but torch sees no CUDA GPU")
-        if want == "mps" and not _mps_available():
-            raise MemlabError("device 'mps' was asked for but torch sees no MPS device")
+        if not isinstance(want, str):
+            raise MemlabError(f"device must be a name or a torch.device, got {want!r}; "
+                              f"accepted: {', '.join(DEVICES)}")
+        want = want.strip().lower()
+        kind, _, index = want.partition(":")
+        check_choice("device", kind if index.isdigit() else want, DEVICES)
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise MemlabError(f"device {want!r} was asked for but torch sees no CUDA GPU")
+        if kind == "mps" and not _mps_available():
+            raise MemlabError(f"device {want!r} was asked for but torch sees no MPS device")
         return torch.device(want)
     if torch.cuda.is_available():
         return torch.device("cuda")
@@ -76,6 +85,20 @@ def device_memory_bytes(device: torch.device | None = None) -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def refuse_if_too_big(needed_bytes: int, device: torch.device, what: str,
+                      headroom: float = 0.9) -> None:
+    """Raise a one-line error *before* allocating when ``needed_bytes`` exceeds the device (chapter: all)."""
+    total = device_memory_bytes(device)
+    if total is None:
+        return
+    if needed_bytes > headroom * total:
+        raise MemlabError(
+            f"{what} needs about {needed_bytes / 2**30:.1f} GiB (traced), more than "
+            f"{headroom:.0%} of this {device.type} device's {total / 2**30:.1f} GiB; "
+            f"use --scale ci or a larger device"
+        )
 
 
 def device_name(device: torch.device | None = None) -> str:

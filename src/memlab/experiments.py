@@ -7,33 +7,58 @@ runs one without Jupyter and stores the result with its provenance.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from memlab.device import device_memory_bytes, get_scale, pick_device
+from memlab.device import get_scale, pick_device, refuse_if_too_big
 from memlab.errors import MemlabError, check_choice
+from memlab.measure import StepMemory
+from memlab.mixed import Fp8Matmul, MixedPrecisionResult
+from memlab.quantmodel import SIZES as QM_SIZES
+from memlab.quantmodel import OutlierStudy, QuantComparison, QuantSpeed
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """A named experiment: what it measures, which chapter shows it, and its sizes per scale."""
+    """A named experiment: what it measures, which chapter shows it, its sizes per scale and result type."""
 
     name: str
     chapter: str
     summary: str
     fn: Callable[[str], object]
-    sizes: dict  # scale -> keyword arguments
+    sizes: dict  # scale -> keyword arguments (or a config dataclass)
+    result: type  # the frozen dataclass the experiment returns
 
 
 EXPERIMENTS: dict[str, Experiment] = {}
 
 
-def register(name: str, *, chapter: str, summary: str, sizes: dict):
-    """Decorator adding an experiment function to the registry (chapter: all)."""
+def _is_frozen_dataclass(tp) -> bool:
+    return (isinstance(tp, type) and dataclasses.is_dataclass(tp)
+            and tp.__dataclass_params__.frozen)
+
+
+def register(name: str, *, chapter: str, summary: str, sizes: dict, result: type):
+    """Decorator adding an experiment function to the registry (chapter: all).
+
+    ``result`` is the frozen dataclass the function returns; a record must be able to store
+    every field of it, which is checked here, at import, not after a long run.
+    """
+    from memlab.device import SCALES
+    from memlab.results import writable_type
+
+    if not _is_frozen_dataclass(result):
+        raise MemlabError(f"experiment {name!r}: result must be a frozen dataclass, got {result!r}")
+    writable_type(result, result.__name__)
+    if set(sizes) != set(SCALES):
+        raise MemlabError(f"experiment {name!r}: sizes must name every scale ({', '.join(SCALES)}), "
+                          f"got {', '.join(sizes)}")
 
     def wrap(fn):
-        EXPERIMENTS[name] = Experiment(name=name, chapter=chapter, summary=summary, fn=fn, sizes=sizes)
+        EXPERIMENTS[name] = Experiment(name=name, chapter=chapter, summary=summary, fn=fn,
+                                       sizes=sizes, result=result)
         return fn
 
     return wrap
@@ -45,17 +70,14 @@ def get_experiment(name: str) -> Experiment:
     return EXPERIMENTS[name]
 
 
-def refuse_if_too_big(needed_bytes: int, device, what: str, headroom: float = 0.9) -> None:
-    """Raise a one-line error *before* allocating when ``needed_bytes`` exceeds the device (chapter: all)."""
-    total = device_memory_bytes(device)
-    if total is None:
-        return
-    if needed_bytes > headroom * total:
-        raise MemlabError(
-            f"{what} needs about {needed_bytes / 2**30:.1f} GiB (traced), more than "
-            f"{headroom:.0%} of this {device.type} device's {total / 2**30:.1f} GiB; "
-            f"use --scale ci or a larger device"
-        )
+def describe_sizes(size) -> str:
+    """One line for an experiment's size at a scale: ``key=value`` pairs (chapter: all)."""
+    if dataclasses.is_dataclass(size) and not isinstance(size, type):
+        size = {f.name: getattr(size, f.name) for f in dataclasses.fields(size)}
+    if isinstance(size, dict):
+        return ", ".join(f"{k}={{{describe_sizes(v)}}}" if isinstance(v, dict) else f"{k}={v}"
+                         for k, v in size.items())
+    return str(size)
 
 
 # Experiments -------------------------------------------------------------------------------
@@ -70,6 +92,7 @@ STEP_SIZES = {
     chapter="chapters/00_toolkit",
     summary="peak memory of one AdamW training step, by category, measured on this device",
     sizes=STEP_SIZES,
+    result=StepMemory,
 )
 def step_memory(scale: str | None = None, *, precision: str = "fp32", optimizer: str = "adamw"):
     """A real training step's bytes by category, measured on this device, as ``StepMemory`` (chapter: 0)."""
@@ -97,6 +120,7 @@ TRACE_SIZES = {
     chapter="chapters/00_toolkit",
     summary="a Llama-2-7B AdamW training step traced under FakeTensorMode, nothing allocated",
     sizes=TRACE_SIZES,
+    result=StepMemory,
 )
 def trace_7b(scale: str | None = None, *, precision: str = "fp32", optimizer: str = "adamw"):
     """A Llama-2-7B training step's bytes by category, traced without allocating, as ``StepMemory`` (chapter: 0)."""
@@ -115,6 +139,9 @@ def run_experiment(name: str, scale: str | None = None, out: str | Path | None =
     exp = get_experiment(name)
     scale = get_scale(scale)
     result = exp.fn(scale)
+    if not isinstance(result, exp.result):
+        raise MemlabError(f"experiment {name!r} returned a {type(result).__name__}, "
+                          f"not its declared {exp.result.__name__}")
     record = make_record(name, scale, result, command=command)
     path = save_record(record, out) if out is not None else None
     return result, record, path
@@ -188,6 +215,7 @@ def _accuracy_grid(scale: str):
     summary="memlab.memory.estimate against the traced step over a grid of configurations",
     sizes={"ci": dict(grid="small models, 64 configurations"),
            "full": dict(grid="adds Llama-2-7B and Llama-3-8B at seq 2048")},
+    result=AccuracyResult,
 )
 def estimator_accuracy(scale: str | None = None, *, measured: bool = False) -> AccuracyResult:
     """Estimate vs trace over precisions, optimizers, attention, checkpointing, GQA and sizes (chapter: 1).
@@ -279,6 +307,7 @@ def _process_bytes(device) -> int | None:
     chapter="chapters/01_where_the_memory_goes",
     summary="bytes of loaded weights vs parameters x bytes/value, and what the process adds",
     sizes=LOAD_SIZES,
+    result=LoadResult,
 )
 def load_memory(scale: str | None = None) -> LoadResult:
     """Load models in fp32 and bf16; compare the allocator and the process with the formula (chapter: 1)."""
@@ -339,6 +368,7 @@ MIXED_SIZES = {
     summary="fp32, fp16 with and without loss scaling, bf16 autocast and pure bf16: "
             "loss, gradient underflow, memory by mode",
     sizes=MIXED_SIZES,
+    result=MixedPrecisionResult,
 )
 def mixed_precision(scale: str | None = None):
     """Five precision modes trained on the same data: curves, underflow, memory, step times (chapter: 2)."""
@@ -358,6 +388,7 @@ FP8_SIZES = {
     chapter="chapters/02_number_formats",
     summary="an fp8 (e4m3) matmul through torch._scaled_mm against bf16: TFLOP/s and error",
     sizes=FP8_SIZES,
+    result=Fp8Matmul,
 )
 def fp8_matmul(scale: str | None = None):
     """fp8 against bf16 matmul speed and error on this GPU, or a 'not measurable' status (chapter: 2)."""
@@ -366,18 +397,27 @@ def fp8_matmul(scale: str | None = None):
     return run(**FP8_SIZES[get_scale(scale)])
 
 
+@dataclass(frozen=True)
+class QuantizationResult:
+    """The schemes compared on the book's model, and the outlier study (chapter: 3)."""
+
+    schemes: QuantComparison
+    outliers: OutlierStudy
+
+
 @register(
     "quantization",
     chapter="chapters/03_quantization",
     summary="every quantization scheme on the book's trained model: bytes, quality, per-layer "
             "error; outlier features and LLM.int8()",
-    sizes={"ci": {}, "full": {}},
+    sizes=QM_SIZES,
+    result=QuantizationResult,
 )
-def quantization(scale: str | None = None):
+def quantization(scale: str | None = None) -> QuantizationResult:
     """Schemes compared on the trained model, and the outlier study (chapter: 3)."""
     from memlab.quantmodel import compare_schemes, outlier_study
 
-    return {"schemes": compare_schemes(scale), "outliers": outlier_study(scale)}
+    return QuantizationResult(compare_schemes(scale), outlier_study(scale))
 
 
 QUANT_SPEED_SIZES = {
@@ -391,6 +431,7 @@ QUANT_SPEED_SIZES = {
     chapter="chapters/03_quantization",
     summary="bitsandbytes int8, LLM.int8() and NF4 linear layers against bf16: forward time",
     sizes=QUANT_SPEED_SIZES,
+    result=QuantSpeed,
 )
 def quant_speed(scale: str | None = None):
     """Quantized linear-layer speed against bf16 on this GPU, or a 'not measurable' status (chapter: 3)."""

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from memlab.errors import MemlabError, check_choice, check_positive_int
-from memlab.measure import _default_dtype, _resolve_device, measure_peak
+from memlab.device import pick_device
+from memlab.measure import _default_dtype, measure_peak
 from memlab.models import KVCache, ModelConfig, Transformer, build_model, get_config
 from memlab.units import to_unit
 
@@ -194,7 +195,7 @@ def measure_inference(config_or_name: ModelConfig | str, *, batch_size: int, pro
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise MemlabError(f"seed must be a non-negative integer, got {seed!r}")
     return _run_inference(cfg, batch_size, prompt_len, new_tokens, dtype,
-                          device=_resolve_device(device), traced=False, seed=seed)
+                          device=pick_device(device), traced=False, seed=seed)
 
 
 def trace_inference(config_or_name: ModelConfig | str, *, batch_size: int, prompt_len: int,

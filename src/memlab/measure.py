@@ -85,7 +85,7 @@ def measure_peak(
     if not callable(fn):
         raise MemlabError(f"measure_peak needs a callable, got {fn!r}")
     check_choice("measurement method", method, METHODS)
-    dev = _resolve_device(device)
+    dev = pick_device(device)
     if method == "auto":
         method = {"cuda": "cuda-allocator", "cpu": "cpu-profiler"}.get(dev.type, "dispatch")
     if method == "cuda-allocator" and dev.type != "cuda":
@@ -110,16 +110,6 @@ def measure_peak(
         peak_reserved_bytes=None if reserved is None else int(max(reserved, 0)),
         end_allocated_bytes=int(end),
     )
-
-
-def _resolve_device(device) -> torch.device:
-    if device is None:
-        return pick_device()
-    if isinstance(device, torch.device):
-        device = device.type
-    if not isinstance(device, str):
-        raise MemlabError(f"device must be a string like 'cpu', got {device!r}")
-    return pick_device(device)
 
 
 def _peak_cuda(dev, fn, args, kwargs):
@@ -608,7 +598,7 @@ def measure_step(
     """Bytes of a real training step on the device, by category, at its peak (chapter: 0)."""
     setup = TrainSetup(config_or_name, batch_size, seq_len, precision, optimizer,
                        optimizer_impl, checkpointing, grad_accum_steps)
-    return _run_step(setup, device=_resolve_device(device), traced=False, seed=_check_seed(seed))
+    return _run_step(setup, device=pick_device(device), traced=False, seed=_check_seed(seed))
 
 
 def trace_step(

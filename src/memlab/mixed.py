@@ -253,7 +253,7 @@ def train(
         raise MemlabError(f"lr must be a positive number, got {lr!r}")
     if not (isinstance(init_scale, (int, float)) and init_scale > 0):
         raise MemlabError(f"init_scale must be a positive number, got {init_scale!r}")
-    dev = pick_device(device.type if isinstance(device, torch.device) else device)
+    dev = pick_device(device)
     task = task or MarkovTask(cfg.vocab_size, seed=seed)
     if task.vocab_size != cfg.vocab_size:
         raise MemlabError(f"task vocab_size {task.vocab_size} differs from the model's "
@@ -493,7 +493,7 @@ def weight_cast_cache_bytes(model: ModelConfig | str, precision: str, *, traced:
 
 
 def _device_type(device) -> str:
-    return pick_device(device.type if isinstance(device, torch.device) else device).type
+    return pick_device(device).type
 
 
 @functools.cache
@@ -515,7 +515,7 @@ def _cast_bytes(cfg: ModelConfig, precision: str, traced: bool, device: str | No
 
 def grad_scaler_bytes(device=None) -> int:
     """Bytes of the tensors a ``torch.amp.GradScaler`` keeps between steps, counted after a real step (chapter: 2)."""
-    dev = pick_device(device.type if isinstance(device, torch.device) else device)
+    dev = pick_device(device)
     w = torch.nn.Parameter(torch.ones(4, device=dev))
     opt = torch.optim.SGD([w], lr=0.1)
     scaler = torch.amp.GradScaler(dev.type)
@@ -558,8 +558,7 @@ def memory_by_mode(
     cfg = _config(model, model_overrides)
     check_positive_int("batch_size", batch_size)
     check_positive_int("seq_len", seq_len)
-    dev = torch.device("cpu") if traced else pick_device(
-        device.type if isinstance(device, torch.device) else device)
+    dev = torch.device("cpu") if traced else pick_device(device)
     steps = {}
     for prec in dict.fromkeys(MODE_PRECISION[m] for m in modes):
         if traced:
@@ -653,7 +652,7 @@ def step_times(
         check_positive_int(what, v)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise MemlabError(f"warmup must be a non-negative integer, got {warmup!r}")
-    dev = pick_device(device.type if isinstance(device, torch.device) else device)
+    dev = pick_device(device)
     base = dict(device=dev.type, model=cfg.name, batch_size=batch_size, seq_len=seq_len,
                 warmup=warmup, steps=steps)
     if dev.type != "cuda":
@@ -662,7 +661,7 @@ def step_times(
     if seq_len > cfg.max_seq_len:
         raise MemlabError(f"seq_len {seq_len} exceeds max_seq_len {cfg.max_seq_len} of model "
                           f"{cfg.name!r}")
-    from memlab.experiments import refuse_if_too_big
+    from memlab.device import refuse_if_too_big
 
     times: dict[str, list[float]] = {}
     for m in modes:
@@ -770,7 +769,7 @@ def fp8_matmul(m: int = 8192, n: int = 8192, k: int = 8192, *, repeats: int = 20
             raise MemlabError(f"fp8 matmul {what} must be a multiple of 16, got {v}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise MemlabError(f"warmup must be a non-negative integer, got {warmup!r}")
-    dev = pick_device(device.type if isinstance(device, torch.device) else device)
+    dev = pick_device(device)
     base = dict(device=dev.type, m=m, n=n, k=k)
     if dev.type != "cuda":
         return Fp8Matmul(status=_not_measurable(
@@ -782,7 +781,7 @@ def fp8_matmul(m: int = 8192, n: int = 8192, k: int = 8192, *, repeats: int = 20
         return Fp8Matmul(status=_not_measurable(
             dev, f"compute capability {cc[0]}.{cc[1]} has no fp8 tensor cores (8.9 or newer "
                  "needed)"), **base)
-    from memlab.experiments import refuse_if_too_big
+    from memlab.device import refuse_if_too_big
 
     # a, b in fp32 and fp64 references, fp8 and bf16 copies, fp64 output: about 30 bytes/element.
     refuse_if_too_big(30 * (m * k + k * n + m * n), dev, f"an fp8 matmul of {m}x{k}x{n}")
@@ -922,7 +921,7 @@ def mixed_precision_run(
     """
     start = time.perf_counter()
     cfg = _config(model, model_overrides)
-    dev = pick_device(device.type if isinstance(device, torch.device) else device)
+    dev = pick_device(device)
     kw = dict(model=cfg, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed,
               device=dev)
     settings = [train_setting("token-mean", **kw),

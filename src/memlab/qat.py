@@ -93,10 +93,6 @@ def _qmax(bits: int) -> int:
     return 2 ** (bits - 1) - 1
 
 
-def _device_arg(device) -> str | None:
-    return device.type if isinstance(device, torch.device) else device
-
-
 # 8-bit optimizer states --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class OptimizerRun:
@@ -190,7 +186,7 @@ def optimizer_comparison(scale: str | None = None, *, steps: int | None = None, 
     scale = get_scale(scale)
     cfg = config or lm_config(scale)
     steps = check_positive_int("steps", steps if steps is not None else OPT_STEPS[scale])
-    dev = pick_device(_device_arg(device))
+    dev = pick_device(device)
     trained = {}
     for name in optimizers:
         trained[name] = train_lm(cfg, steps=steps, optimizer=name, device=dev.type,
@@ -550,7 +546,7 @@ def qat_vs_ptq(scale: str | None = None, *, bits: int = 3, steps: int | None = N
     steps = check_positive_int("steps", steps if steps is not None else QAT_STEPS[scale])
     if lr is not None and not lr > 0:
         raise MemlabError(f"lr must be positive, got {lr!r}")
-    dev = pick_device(_device_arg(device))
+    dev = pick_device(device)
     ref = reference if reference is not None else quantmodel.reference_model(scale,
                                                                              device=dev.type)
     cfg = ref.config

@@ -583,7 +583,7 @@ class SchemeRow:
     loss_delta_se: float  # its standard error over the held-out sequences (paired), nats
 
 
-@dataclass
+@dataclass(frozen=True)
 class QuantComparison:
     """Every scheme on one trained model (chapter: 3)."""
 
@@ -718,7 +718,7 @@ class OutlierRow:
     mean_layer_error: float
 
 
-@dataclass
+@dataclass(frozen=True)
 class OutlierStudy:
     """Outlier features: found in the trained model, injected, and what int8 and LLM.int8() do with them (chapter: 3)."""
 
@@ -819,7 +819,7 @@ class SpeedRow:
     vs_bf16: float  # ms / bf16's ms at the same shape
 
 
-@dataclass
+@dataclass(frozen=True)
 class QuantSpeed:
     """bitsandbytes int8, LLM.int8() and NF4 linear layers against bf16, timed with CUDA events (chapter: 3)."""
 
@@ -827,7 +827,7 @@ class QuantSpeed:
     device: str
     d_in: int
     d_out: int
-    rows: list[SpeedRow] = None
+    rows: list[SpeedRow] = field(default_factory=list)
 
     @property
     def measured(self) -> bool:

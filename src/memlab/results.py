@@ -70,18 +70,72 @@ def provenance(device: torch.device | None = None, command: str | None = None) -
     }
 
 
-def _jsonable(obj):
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _jsonable(obj, where: str = "result"):
+    """``obj`` as JSON-safe Python: dataclasses and dicts by field, tensors and arrays as lists.
+
+    Anything else is refused with a one-line :class:`MemlabError` naming where it sits.
+    """
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: _jsonable(getattr(obj, f.name), f"{where}.{f.name}")
+                for f in dataclasses.fields(obj)}
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): _jsonable(v, f"{where}[{k!r}]") for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (torch.dtype, torch.device)):
+        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, torch.Tensor):
+        if obj.is_sparse or obj.device.type == "meta" or obj.is_complex():
+            raise MemlabError(f"cannot write {where}: a {obj.layout}/{obj.device.type}/{obj.dtype} "
+                              "tensor; accepted: dense real tensors")
+        return _jsonable(obj.detach().cpu().tolist(), where)
+    if isinstance(obj, (torch.dtype, torch.device, Path)):
         return str(obj)
+    if type(obj).__module__ == "numpy":  # numpy scalars and arrays, without importing numpy
+        return _jsonable(obj.tolist(), where)
     if isinstance(obj, float) and obj != obj:  # NaN is not JSON
         return None
-    return obj
+    if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
+        return str(obj)  # 'inf' / '-inf': JSON has no infinity
+    if isinstance(obj, _JSON_SCALARS):
+        return obj
+    raise MemlabError(f"cannot write {where}: a {type(obj).__name__}; accepted: dataclasses, "
+                      "dicts, lists, tensors, numbers, strings, None")
+
+
+def writable_type(tp, where: str = "result") -> None:
+    """Refuse, in one line, a result type holding a field no record can store (chapter: all).
+
+    Walks a result dataclass's annotated fields before an experiment runs, so that a result
+    that could not be written fails in milliseconds, not after the run.
+    """
+    import types
+    import typing
+
+    if tp in (typing.Any, object):
+        raise MemlabError(f"cannot write {where}: its type is {getattr(tp, '__name__', tp)}, "
+                          "which a record cannot check; annotate it with a concrete type")
+    if isinstance(tp, str):
+        raise MemlabError(f"cannot check {where}: unresolved annotation {tp!r}")
+    origin = typing.get_origin(tp)
+    if origin is not None:
+        if origin is typing.Literal:
+            return
+        for i, arg in enumerate(a for a in typing.get_args(tp) if a is not Ellipsis):
+            writable_type(arg, f"{where}<{i}>" if origin in (typing.Union, types.UnionType)
+                          else f"{where}[]")
+        return
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        for f in dataclasses.fields(tp):
+            writable_type(hints[f.name], f"{where}.{f.name}")
+        return
+    if isinstance(tp, type) and issubclass(tp, (*_JSON_SCALARS, torch.Tensor, torch.dtype,
+                                                 torch.device, Path, dict, list, tuple)):
+        return
+    raise MemlabError(f"cannot write {where}: a {getattr(tp, '__name__', tp)}; accepted: "
+                      "dataclasses, dicts, lists, tensors, numbers, strings, None")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,143 @@
+"""Every registered experiment returns a frozen dataclass that a record can store.
+
+The registry is walked, so an experiment cannot be registered without being covered here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+import memlab.experiments as ex
+from memlab.errors import MemlabError
+from memlab.results import load_record, make_record, save_record, writable_type
+
+# Cheap at ci scale on a 2-core CPU (seconds): run end to end through the CLI.
+CHEAP = ("step-memory", "trace-7b", "load-memory", "fp8-matmul", "quant-speed")
+# Minutes or tens of seconds: run end to end too, but marked slow.
+COSTLY = ("estimator-accuracy", "mixed-precision", "quantization")
+
+
+def example(tp, depth: int = 0):
+    """A tiny instance of a result type, built from its annotations alone."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return example(next(a for a in args if a is not type(None)), depth)
+    if origin is list:
+        return [example(args[0], depth + 1)] if args else [1]
+    if origin is tuple:
+        return tuple(example(a, depth + 1) for a in args if a is not Ellipsis)
+    if origin is dict:
+        return {"a": example(args[1], depth + 1)} if args else {"a": 1}
+    if origin is typing.Literal:
+        return args[0]
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        return tp(**{f.name: example(hints[f.name], depth + 1)
+                     for f in dataclasses.fields(tp) if f.init})
+    if tp is torch.Tensor:
+        return torch.arange(3, dtype=torch.float32)
+    return {bool: True, int: 3, float: 0.5, str: "x", dict: {"a": 1}, list: [1],
+            type(None): None, torch.dtype: torch.float16, torch.device: torch.device("cpu"),
+            Path: Path("x")}[tp]
+
+
+def test_every_experiment_is_classified_here():
+    assert set(ex.EXPERIMENTS) == set(CHEAP) | set(COSTLY)
+
+
+@pytest.mark.parametrize("name", sorted(ex.EXPERIMENTS))
+def test_result_is_a_frozen_dataclass_a_record_can_store(name, tmp_path):
+    exp = ex.EXPERIMENTS[name]
+    assert dataclasses.is_dataclass(exp.result) and exp.result.__dataclass_params__.frozen
+    result = example(exp.result)
+    record = make_record(name, "ci", result, command="test")
+    path = save_record(record, tmp_path)
+    back = load_record(path)
+    assert back.result == json.loads(record.to_json())["result"]
+    assert set(back.result) == {f.name for f in dataclasses.fields(exp.result)}
+
+
+@pytest.mark.parametrize("name", sorted(ex.EXPERIMENTS))
+def test_sizes_named_for_every_scale_and_listed(name, capsys):
+    from memlab.cli import main
+
+    exp = ex.EXPERIMENTS[name]
+    assert set(exp.sizes) == {"ci", "full"}
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    block = out[out.index(f"{name}: "):].split("\n")
+    for scale, line in zip(("ci", "full"), block[1:3], strict=True):
+        assert line.split()[0] == scale and len(line.split()) > 1, line  # a size is shown
+
+
+def test_a_tensor_is_written_as_a_list_and_an_object_refused():
+    @dataclass(frozen=True)
+    class R:
+        t: torch.Tensor
+        o: object = None
+
+    rec = make_record("x", "ci", R(torch.tensor([[1.0, 2.0]])), command="t")
+    assert rec.result["t"] == [[1.0, 2.0]] and json.loads(rec.to_json())
+    with pytest.raises(MemlabError, match=r"^cannot write result\.o: a Linear; accepted: "):
+        make_record("x", "ci", R(torch.zeros(1), torch.nn.Linear(1, 1)))
+    with pytest.raises(MemlabError, match=r"cannot write R\.o: its type is object"):
+        writable_type(R, "R")
+
+
+def test_registering_an_unwritable_or_mutable_result_is_refused():
+    @dataclass
+    class Mutable:
+        x: int
+
+    @dataclass(frozen=True)
+    class HoldsModule:
+        m: torch.nn.Module
+
+    with pytest.raises(MemlabError, match="result must be a frozen dataclass"):
+        ex.register("bad", chapter="chapters/x", summary="", sizes={"ci": {}, "full": {}},
+                    result=Mutable)
+    with pytest.raises(MemlabError, match=r"cannot write HoldsModule\.m: a Module"):
+        ex.register("bad", chapter="chapters/x", summary="", sizes={"ci": {}, "full": {}},
+                    result=HoldsModule)
+    with pytest.raises(MemlabError, match="sizes must name every scale"):
+        ex.register("bad", chapter="chapters/x", summary="", sizes={"ci": {}}, result=ex.LoadResult)
+    assert "bad" not in ex.EXPERIMENTS
+
+
+def test_a_result_of_the_wrong_type_is_refused(monkeypatch):
+    exp = ex.EXPERIMENTS["trace-7b"]
+    monkeypatch.setitem(ex.EXPERIMENTS, "trace-7b", dataclasses.replace(exp, fn=lambda s: {}))
+    with pytest.raises(MemlabError, match="returned a dict, not its declared StepMemory"):
+        ex.run_experiment("trace-7b", "ci")
+
+
+def _run_cli(name, tmp_path, monkeypatch, capsys):
+    from memlab.cli import main
+
+    monkeypatch.setenv("MEMLAB_DEVICE", "cpu")
+    assert main(["run", name, "--scale", "ci", "--out", str(tmp_path)]) == 0
+    files = list((tmp_path / name).glob("ci-*.json"))
+    assert len(files) == 1, files
+    rec = load_record(files[0])
+    assert rec.experiment == name and rec.scale == "ci" and rec.result
+    assert set(rec.result) == {f.name for f in dataclasses.fields(ex.EXPERIMENTS[name].result)}
+    assert "wrote " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", CHEAP)
+def test_memlab_run_writes_a_record(name, tmp_path, monkeypatch, capsys):
+    _run_cli(name, tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", COSTLY)
+def test_memlab_run_writes_a_record_costly(name, tmp_path, monkeypatch, capsys):
+    _run_cli(name, tmp_path, monkeypatch, capsys)
