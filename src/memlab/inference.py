@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.device import pick_device
+from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.measure import _default_dtype, measure_peak
 from memlab.models import KVCache, ModelConfig, Transformer, build_model, get_config
 from memlab.units import to_unit
