@@ -1,6 +1,7 @@
 # memlab: two commands matter.
 #   make book   set up .venv, execute every notebook, write _build/html
 #   make test   set up, build the book, then run every test (lint, unit, nbval, labs, browser)
+#   make unit   the fast inner loop: unit tests, no slow or browser tests, no book needed
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 PYTHON ?= python3
@@ -28,26 +29,29 @@ $(STAMP): requirements.txt pyproject.toml
 # jupyter-cache keys on a notebook's code cells only: when the library changes, run them again.
 SRC := $(shell find src -name "*.py" -o -name "*.js")
 _build/.src-stamp: $(SRC)
-	rm -rf _build/.jupyter_cache
+	rm -rf _build/.jupyter_cache _build/.memlab-cache
 	@mkdir -p _build && touch $@
 
 book: setup _build/.src-stamp
 	@mkdir -p _build
 	@start=$$(date +%s); \
-	$(BIN)/jupyter-book build . -n -W --keep-going; \
+	MEMLAB_CACHE_DIR=$(CURDIR)/_build/.memlab-cache $(BIN)/jupyter-book build . -n -W --keep-going; \
 	echo "book build: $$(( $$(date +%s) - start )) s" | tee -a $(TIMINGS)
+	@$(BIN)/python scripts/notebook_times.py _build/.jupyter_cache | tee -a $(TIMINGS)
 
 lint: setup
 	$(BIN)/ruff check src tests scripts chapters labs appendix _ext
+	$(BIN)/lint-imports --no-cache
 
+# The inner loop: unit tests without the slow ones and without a built book.
 unit: setup
-	$(BIN)/python -m pytest -q -m "not browser" tests
+	$(BIN)/python -m pytest -q -m "not slow and not browser" tests
 
 nbval: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env --nbval-cell-timeout=600 chapters labs
 
 student: setup
-	$(BIN)/python scripts/make_student.py labs --out labs/student
+	$(BIN)/python -m memlab.labs.student labs --out labs/student
 
 browser: setup system
 	MEMLAB_REQUIRE_HTML=1 $(BIN)/python -m pytest -q -m browser tests
@@ -55,14 +59,16 @@ browser: setup system
 system:
 	@PYTHON=$(PYTHON) bash scripts/ensure_system.sh --browser
 
-# One pytest run over the unit tests, the notebooks (nbval), the labs and the browser test.
+# The book build executes each notebook once; one pytest run then checks the notebooks against
+# those executed copies (nbval, --nbval-executed: no second execution), runs the unit tests, the
+# labs' student versions and the browser tests over the built HTML.
 test: setup system
 	@mkdir -p _build; rm -f $(TIMINGS)
 	@$(MAKE) --no-print-directory book
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory lint; \
-	MEMLAB_REQUIRE_HTML=1 $(BIN)/python -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env --nbval-cell-timeout=600 \
-	    tests chapters labs 2>&1 | tee _build/pytest.log; \
+	MEMLAB_REQUIRE_HTML=1 $(BIN)/python -m pytest -p no:cacheprovider --nbval-executed _build/jupyter_execute \
+	    --durations=15 chapters labs appendix tests 2>&1 | tee _build/pytest.log; \
 	echo "tests: $$(( $$(date +%s) - start )) s" | tee -a $(TIMINGS)
 
 freeze:

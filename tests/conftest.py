@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -28,9 +29,11 @@ CHROMIUM_ARGS = [
 @pytest.fixture(autouse=True)
 def _no_report(monkeypatch):
     """No test appends to a learner's lab report, whatever the environment says."""
-    from memlab.lab import REPORT_ENV
+    from memlab.labs.grader import REPORT_ENV
+    from memlab.results import CACHE_DIR_ENV
 
     monkeypatch.delenv(REPORT_ENV, raising=False)
+    monkeypatch.delenv(CACHE_DIR_ENV, raising=False)  # tests compute, never reuse a kept result
 
 
 def require_or_skip(reason: str) -> None:
@@ -38,6 +41,20 @@ def require_or_skip(reason: str) -> None:
     if os.environ.get("MEMLAB_REQUIRE_HTML") == "1":
         pytest.fail(f"{reason} (MEMLAB_REQUIRE_HTML=1 forbids skipping)", pytrace=False)
     pytest.skip(reason)
+
+
+@pytest.fixture(name="require_or_skip")
+def _require_or_skip() -> object:
+    """:func:`require_or_skip`, for tests in the part folders (which cannot import this file)."""
+    return require_or_skip
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Close the figures a test drew (only if it drew any)."""
+    yield
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
 
 
 @pytest.fixture(scope="session")

@@ -2,13 +2,14 @@ import pytest
 import torch
 
 import memlab.experiments as ex
+import memlab.measure.experiments as mx
 from memlab.errors import MemlabError
 
 
 def test_registry_names_chapters_and_sizes():
-    assert set(ex.EXPERIMENTS) == {"step-memory", "trace-7b", "load-memory", "estimator-accuracy",
+    assert set(ex.experiments()) == {"step-memory", "trace-7b", "load-memory", "estimator-accuracy",
                                       "mixed-precision", "fp8-matmul", "quantization", "quant-speed"}
-    for exp in ex.EXPERIMENTS.values():
+    for exp in ex.experiments().values():
         assert set(exp.sizes) == {"ci", "full"}
         assert exp.chapter.startswith("chapters/")
 
@@ -30,16 +31,16 @@ def test_refuse_before_allocating(monkeypatch):
 
 def test_step_memory_refuses_on_small_gpu_without_allocating(monkeypatch):
     """On a (pretend) 1 GiB GPU the full-scale step is traced, found too big, and refused."""
-    monkeypatch.setattr(ex, "pick_device", lambda: torch.device("cuda"))
+    monkeypatch.setattr(mx, "pick_device", lambda: torch.device("cuda"))
     monkeypatch.setattr("memlab.device.device_memory_bytes", lambda device: 2**30)
-    monkeypatch.setattr("memlab.measure.measure_step", lambda *a, **k: pytest.fail("allocated"))
+    monkeypatch.setattr("memlab.measure.step.measure_step", lambda *a, **k: pytest.fail("allocated"))
     with pytest.raises(MemlabError, match="a gpt2 training step needs about"):
-        ex.step_memory("full")
+        mx.step_memory("full")
 
 
 def test_step_memory_ci_scale_measures_tiny_model(monkeypatch):
     monkeypatch.setenv("MEMLAB_DEVICE", "cpu")
-    step = ex.step_memory("ci")
+    step = mx.step_memory("ci")
     assert step.mode == "measured" and step.setup["model"] == "tiny"
     assert step.parameters_bytes == 4 * step.setup["parameters"]
 

@@ -1,17 +1,9 @@
 import matplotlib
-import pytest
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 import memlab.plot as mplot  # noqa: E402
-from memlab.measure import measure_step  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
+from memlab.measure.step import measure_step  # noqa: E402
 
 
 def test_step_breakdown_draws_one_bar_per_result():

@@ -6,7 +6,7 @@ command line (``python -m memlab run <experiment> --scale full --out results/``)
 
 from memlab.device import env_report, get_scale, pick_device, seed_all
 from memlab.errors import MemlabError
-from memlab.models import ModelConfig, build_model, get_config
+from memlab.model.transformer import ModelConfig, build_model, get_config
 
 __version__ = "0.1.0"
 

@@ -63,7 +63,7 @@ def table(verdicts: list[Verdict]):
     return pd.DataFrame(rows, columns=columns)
 
 
-# The registry: each topic module registers the checks of the claims its chapter owns. -------
+# The registry: each part's claims.py registers the checks of the claims its chapter owns. ------
 @dataclass(frozen=True)
 class ClaimCheck:
     """A claim from the book's list and the function that computes its verdict."""
@@ -75,7 +75,6 @@ class ClaimCheck:
 
 
 CHECKS: dict[str, ClaimCheck] = {}
-TOPIC_MODULES = ("memlab.memory", "memlab.formats", "memlab.mixed", "memlab.quantmodel", "memlab.qat")  # modules whose import registers claim checks
 
 
 def register(claim: str, chapter: str, statement: str):
@@ -88,12 +87,18 @@ def register(claim: str, chapter: str, statement: str):
     return wrap
 
 
-def verdicts(claims: list[str] | None = None, chapter: str | None = None) -> list[Verdict]:
-    """Compute the verdicts of registered claims, all or some, in claim order (chapter: all)."""
-    import importlib
+_COMPUTED: dict[str, Verdict] = {}  # claim -> verdict, computed once per process
 
-    for module in TOPIC_MODULES:
-        importlib.import_module(module)
+
+def verdicts(claims: list[str] | None = None, chapter: str | None = None, *,
+             fresh: bool = False) -> list[Verdict]:
+    """The verdicts of registered claims, all or some, in claim order; each computed once per process (chapter: all).
+
+    ``fresh=True`` computes them again (a test that changes a check's evidence uses it).
+    """
+    from memlab.book import import_rooms
+
+    import_rooms("claims")
     chosen = sorted(CHECKS) if claims is None else list(claims)
     unknown = [c for c in chosen if c not in CHECKS]
     if unknown:
@@ -102,7 +107,9 @@ def verdicts(claims: list[str] | None = None, chapter: str | None = None) -> lis
     for c in chosen:
         check = CHECKS[c]
         if chapter is None or check.chapter == chapter:
-            v = check.fn()
-            out.append(Verdict(claim=c, statement=check.statement, verdict=v.verdict,
-                               evidence=v.evidence, note=v.note))
+            if fresh or c not in _COMPUTED:
+                v = check.fn()
+                _COMPUTED[c] = Verdict(claim=c, statement=check.statement, verdict=v.verdict,
+                                       evidence=v.evidence, note=v.note)
+            out.append(_COMPUTED[c])
     return out

@@ -31,7 +31,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _build_parser() -> argparse.ArgumentParser:
     from memlab.device import SCALES
-    from memlab.experiments import EXPERIMENTS
+    from memlab.experiments import experiments
 
     p = _Parser(prog="memlab", description="Measure the memory of LLM training steps.")
     sub = p.add_subparsers(dest="command", metavar="{env,list,run,estimate,trace,bits}",
@@ -39,7 +39,7 @@ def _build_parser() -> argparse.ArgumentParser:
     sub.add_parser("env", help="print the device, versions and scale")
     sub.add_parser("list", help="list the experiments")
     run = sub.add_parser("run", help="run an experiment and store its record")
-    run.add_argument("experiment", nargs="?", help=f"one of: {', '.join(sorted(EXPERIMENTS))}")
+    run.add_argument("experiment", nargs="?", help=f"one of: {', '.join(sorted(experiments()))}")
     run.add_argument("--scale", default=None, help=f"one of: {', '.join(SCALES)} (default: by device)")
     run.add_argument("--out", default=None, help="folder to write the JSON record to (e.g. results/)")
     run.add_argument("--json", action="store_true", help="print the record as JSON")
@@ -57,7 +57,7 @@ _FLOAT_LITERAL = r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$"
 def _bits_options(p: argparse.ArgumentParser) -> None:
     import re
 
-    from memlab.formats import FORMATS
+    from memlab.precision.formats import FORMATS
 
     p._negative_number_matcher = re.compile(_FLOAT_LITERAL, re.IGNORECASE)
     p.add_argument("value", help="a number: 3.14, -1e-3, inf, nan, -0.0")
@@ -68,7 +68,7 @@ def _bits_options(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_bits(args) -> int:
-    from memlab.formats import FORMATS, bits
+    from memlab.precision.formats import FORMATS, bits
 
     if args.format is not None:
         pattern = bits(args.value, args.format)
@@ -94,17 +94,17 @@ def _cmd_bits(args) -> int:
 
 
 def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
-    from memlab import memory
-    from memlab.models import PRESETS
+    from memlab.model.train import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS
+    from memlab.model.transformer import PRESETS
 
     p.add_argument("--model", required=True,
                    help=f"a preset ({', '.join(PRESETS)}) or a path to a Hugging Face config.json")
     p.add_argument("--batch-size", type=int, required=True, help="sequences per micro-batch")
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
-    p.add_argument("--precision", default="fp32", help=f"one of: {', '.join(memory.PRECISIONS)}")
-    p.add_argument("--optimizer", default="adamw", help=f"one of: {', '.join(memory.OPTIMIZERS)}")
+    p.add_argument("--precision", default="fp32", help=f"one of: {', '.join(PRECISIONS)}")
+    p.add_argument("--optimizer", default="adamw", help=f"one of: {', '.join(OPTIMIZERS)}")
     p.add_argument("--optimizer-impl", default="foreach",
-                   help=f"one of: {', '.join(memory.OPTIMIZER_IMPLS)}")
+                   help=f"one of: {', '.join(OPTIMIZER_IMPLS)}")
     p.add_argument("--attention", default=None, help="sdpa (default) or eager")
     p.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
     p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
@@ -133,29 +133,15 @@ def _step_json(result, mode: str) -> dict:
 
 
 def _cmd_step(args, mode: str) -> int:
-    from memlab.memory import estimate
-    from memlab.models import get_config
+    from memlab.measure.step import StepSpec, trace_step
+    from memlab.memory.training import estimate
+    from memlab.model.transformer import get_config
 
-    cfg = get_config(args.model)
-    kwargs = dict(batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision,
-                  optimizer=args.optimizer, optimizer_impl=args.optimizer_impl,
-                  checkpointing=args.checkpointing, grad_accum_steps=args.grad_accum)
-    if mode == "estimate":
-        result = estimate(cfg, attention=args.attention, device=args.device, **kwargs)
-    else:
-        from dataclasses import replace
-
-        from memlab.measure import trace_step
-        from memlab.memory import _check
-
-        _check(cfg, args.batch_size, args.seq_len, args.precision, args.optimizer,
-               args.optimizer_impl, args.attention, "cpu", "train", args.grad_accum)
-        if args.optimizer == "adamw-8bit":
-            raise MemlabError("trace supports optimizers adamw, adam, sgd, sgd-momentum; "
-                              "'adamw-8bit' runs in bitsandbytes kernels (see chapter 3)")
-        if args.attention is not None:
-            cfg = replace(cfg, attention=args.attention)
-        result = trace_step(cfg, **kwargs)
+    spec = StepSpec(get_config(args.model), batch_size=args.batch_size, seq_len=args.seq_len,
+                    precision=args.precision, optimizer=args.optimizer,
+                    optimizer_impl=args.optimizer_impl, checkpointing=args.checkpointing,
+                    grad_accum_steps=args.grad_accum, attention=args.attention)
+    result = estimate(spec, device=args.device) if mode == "estimate" else trace_step(spec)
     if args.json:
         print(json.dumps(_step_json(result, mode)))
     else:
@@ -179,10 +165,10 @@ def _writable_folder(out: str) -> str:
 
 def _cmd_run(args, argv: list[str]) -> int:
     from memlab.device import get_scale
-    from memlab.experiments import EXPERIMENTS, get_experiment, run_experiment
+    from memlab.experiments import experiments, get_experiment, run_experiment
 
     if args.experiment is None:
-        raise MemlabError(f"run needs an experiment; accepted: {', '.join(sorted(EXPERIMENTS))}")
+        raise MemlabError(f"run needs an experiment; accepted: {', '.join(sorted(experiments()))}")
     get_experiment(args.experiment)  # validate before any work
     args.scale = get_scale(args.scale) if args.scale is not None else None
     if args.out is not None:
@@ -211,10 +197,10 @@ def main(argv: list[str] | None = None) -> int:
             env_report()
             return 0
         if args.command == "list":
-            from memlab.experiments import EXPERIMENTS, describe_sizes
+            from memlab.experiments import describe_sizes, experiments
 
-            for name in sorted(EXPERIMENTS):
-                exp = EXPERIMENTS[name]
+            for name in sorted(experiments()):
+                exp = experiments()[name]
                 print(f"{name}: {exp.summary} ({exp.chapter})")
                 for scale, size in exp.sizes.items():
                     print(f"    {scale:<5} {describe_sizes(size)}")

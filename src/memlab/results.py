@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
+import hashlib
 import json
 import os
 import platform
@@ -52,8 +54,12 @@ def _git_commit() -> str | None:
 
 def provenance(device: torch.device | None = None, command: str | None = None) -> dict:
     """Where, when and how a result was produced: device, versions, date, command (chapter: all)."""
-    from memlab import __version__
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
+        __version__ = version("memlab")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        __version__ = "unknown"
     device = device or pick_device()
     return {
         "device": device.type,
@@ -219,3 +225,47 @@ def recorded(experiment: str, *, device: str = "cuda", scale: str | None = "full
         if rec.provenance.get("device") == device and (scale is None or rec.scale == scale):
             return rec
     return None
+
+
+# Results kept on disk between processes -----------------------------------------------------------
+CACHE_DIR_ENV = "MEMLAB_CACHE_DIR"
+
+
+@functools.cache
+def library_fingerprint() -> str:
+    """A hash of memlab's source files and torch's version: what a kept result depends on (chapter: all)."""
+    h = hashlib.sha256(torch.__version__.encode())
+    root = Path(__file__).resolve().parent
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def kept_on_disk(fn):
+    """Decorator: keep ``fn``'s result in ``$MEMLAB_CACHE_DIR`` between processes (chapter: all).
+
+    The key is the function, its arguments' ``repr`` and :func:`library_fingerprint`, so a change
+    to any source file starts afresh. Without ``$MEMLAB_CACHE_DIR`` nothing is kept. The book
+    build sets it, so the claims appendix reuses what the chapters trained instead of training
+    again; the tests leave it unset.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        folder = os.environ.get(CACHE_DIR_ENV)
+        if not folder:
+            return fn(*args, **kwargs)
+        key = repr((fn.__module__, fn.__qualname__, args, sorted(kwargs.items())))
+        digest = hashlib.sha256(f"{key}|{library_fingerprint()}".encode()).hexdigest()[:24]
+        path = Path(folder) / f"{fn.__qualname__}-{digest}.pt"
+        if path.is_file():
+            return torch.load(path, weights_only=False)
+        out = fn(*args, **kwargs)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        torch.save(out, tmp)
+        os.replace(tmp, path)  # atomic: a reader never sees half a file
+        return out
+
+    return wrapper

@@ -1,1 +1,1 @@
-"""The book's labs: each module defines one lab's exercises with :func:`memlab.lab.define_lab`."""
+"""The book's labs: each module defines one lab's exercises with :func:`memlab.labs.grader.define_lab`."""

@@ -6,7 +6,7 @@ context) or from the model's config, never typed in.
 
 from __future__ import annotations
 
-from memlab.lab import define_lab
+from memlab.labs.grader import define_lab
 
 
 def _at_optimizer_step(step) -> dict:
@@ -48,7 +48,7 @@ lab.exercise(
     "0.4",
     "peak bytes of allocating one (B, T, C) fp32 activation, measured with measure_peak",
     expected=lambda shape: 4 * shape[0] * shape[1] * shape[2],
-    hint="call memlab.measure.measure_peak(torch.empty, B, T, C) and read peak_allocated_bytes",
+    hint="call memlab.measure.step.measure_peak(torch.empty, B, T, C) and read peak_allocated_bytes",
 )
 lab.exercise(
     "0.5",

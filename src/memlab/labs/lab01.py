@@ -9,8 +9,10 @@ on the CPU), so it takes the same few seconds on every machine and at every scal
 from __future__ import annotations
 
 from memlab.gpus import CATALOGUE, fits
-from memlab.lab import define_lab
-from memlab.memory import estimate
+from memlab.labs.grader import define_lab
+from memlab.measure.step import StepMemory, trace_step
+from memlab.memory.training import estimate
+from memlab.model.transformer import get_config
 
 # Exercise 1.1: the training setups whose bytes per parameter are measured on the tiny model.
 SETUPS = {
@@ -81,7 +83,7 @@ lab.exercise(
     expected=lambda blocks: one_block_bytes(blocks),
     rtol=0.05,
     hint="count the (B, T, C) and (B, T, F) tensors of the block (norms, q, k, v, the "
-    "attention output, the MLP), 4 bytes per value; memlab.memory.saved_tensors lists them",
+    "attention output, the MLP), 4 bytes per value; memlab.memory.training.saved_tensors lists them",
 )
 lab.exercise(
     "1.3",
@@ -101,3 +103,14 @@ lab.exercise(
     hint="answer a dict with the keys of JOBS and GPU names as values; count the bytes per "
     "parameter of each job, turn them into GiB and compare with the usable GiB of each GPU",
 )
+
+
+def trace_blocks(attention: str, seq_len: int,
+                 batch_size: int = BLOCK["batch_size"]) -> dict[int, StepMemory]:
+    """Traced steps of exercise 1.2's model with 1 and with 2 blocks, keyed by the number of blocks (chapter: 1).
+
+    The difference of their saved activations is one block's: embeddings, head and loss cancel.
+    """
+    return {n: trace_step(get_config(BLOCK["model"], n_layer=n, attention=attention),
+                          batch_size=batch_size, seq_len=seq_len, precision=BLOCK["precision"])
+            for n in (1, 2)}

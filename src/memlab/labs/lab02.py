@@ -1,6 +1,6 @@
 """Lab 2, "Number formats": decode, round, and scale gradients into fp16 by hand.
 
-Every expected value is computed at check time from :mod:`memlab.formats` (which reads torch's
+Every expected value is computed at check time from :mod:`memlab.precision.formats` (which reads torch's
 own formats and casts), or from the gradient tensor the notebook passes in as context, never
 typed in. Everything runs on the CPU in a few seconds.
 """
@@ -12,8 +12,8 @@ import math
 
 import torch
 
-from memlab.formats import dtype, round_to, spec
-from memlab.lab import answer_keys_problem, answer_number, define_lab
+from memlab.labs.grader import answer_keys_problem, answer_number, define_lab
+from memlab.precision.formats import decode, round_to, spec, value_kind
 
 # Exercise 2.1: bit patterns to decode by hand, as (format, bit string).
 PATTERNS = {
@@ -67,18 +67,6 @@ GRAD_FORMAT = "fp16"
 # ------------------------------------------------------------------------- helpers
 
 
-def pattern_value(bit_string: str, fmt: str) -> float:
-    """The value torch stores for a bit pattern of a float format (chapter: 2)."""
-    s = spec(fmt)
-    if s.kind != "float" or len(bit_string) != s.bits or set(bit_string) - {"0", "1"}:
-        raise ValueError(f"{bit_string!r} is not a {s.bits}-bit pattern of float format {fmt!r}")
-    pattern = int(bit_string, 2)
-    if pattern >= 2 ** (s.bits - 1):  # torch's signed integer views hold two's complement
-        pattern -= 2**s.bits
-    signed = {8: torch.int8, 16: torch.int16, 32: torch.int32}[s.bits]
-    return torch.tensor(pattern, dtype=signed).view(dtype(fmt)).item()
-
-
 def all_patterns(fmt: str) -> list[str]:
     """Every bit pattern of a format, as bit strings in increasing order (chapter: 2)."""
     n = spec(fmt).bits
@@ -91,17 +79,6 @@ def fields(bit_string: str, fmt: str) -> str:
     e_end = s.sign_bits + s.exponent_bits
     return " | ".join((bit_string[: s.sign_bits], bit_string[s.sign_bits : e_end],
                        bit_string[e_end:]))
-
-
-def value_kind(value: float, fmt: str) -> str:
-    """'zero', 'subnormal', 'normal', 'inf' or 'NaN': which case of the formula a value is (chapter: 2)."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "inf"
-    if value == 0:
-        return "zero"
-    return "subnormal" if abs(value) < spec(fmt).min_normal else "normal"
 
 
 def rounding_note(x: float, fmt: str) -> str:
@@ -259,7 +236,7 @@ def check_decode(answer):
         return None  # the stub: the function body is still empty
     wrong: dict[str, list[tuple[str, str]]] = {}
     for (label, fmt, b), value in zip(cases, got, strict=True):
-        expected = pattern_value(b, fmt)
+        expected = decode(b, fmt)
         number = answer_number(value)
         if number is None or not _same(number, expected):
             wrong.setdefault(label, []).append((b, value_kind(expected, fmt)))

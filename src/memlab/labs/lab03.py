@@ -1,8 +1,8 @@
 """Lab 3, "Quantization": absmax and zero-point by hand, bits per parameter, outlier features,
 and the scheme that fits a memory budget.
 
-Every expected value is computed at check time from :mod:`memlab.quant` (and, for the 7B model,
-from :mod:`memlab.models`), or from the tensors the notebook passes in, never typed in. The
+Every expected value is computed at check time from :mod:`memlab.quant.functional` (and, for the 7B model,
+from :mod:`memlab.model.transformer`), or from the tensors the notebook passes in, never typed in. The
 tensors are small and seeded, so everything runs on the CPU in a few seconds.
 """
 
@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import torch
 
 from memlab.errors import MemlabError
-from memlab.formats import spec
-from memlab.lab import answer_keys_problem, answer_number, define_lab
-from memlab.models import PRESETS, ModelConfig
-from memlab.quant import (
+from memlab.labs.grader import answer_keys_problem, answer_number, define_lab
+from memlab.model.transformer import PRESETS, ModelConfig
+from memlab.precision.formats import spec
+from memlab.quant.functional import (
+    LLM_INT8_THRESHOLD,
     absmax_quantize,
     bits_per_parameter,
     dequantize,
@@ -29,6 +30,7 @@ from memlab.quant import (
     stored_bytes,
     zeropoint_quantize,
 )
+from memlab.quant.schemes import SCHEMES
 from memlab.units import to_unit
 
 # Exercise 3.1: a small tensor with a negative skew (its largest magnitude is negative), and the
@@ -54,7 +56,6 @@ KEPT_BITS = 16  # bf16
 # Exercise 3.3: activations (tokens, features) with injected outlier features, and a weight.
 ACTIVATIONS = dict(tokens=64, features=512, seed=0)
 INT8_WEIGHT = dict(out_features=256, std=0.02, seed=1)
-THRESHOLD = 6.0  # LLM.int8()'s default (bitsandbytes' llm_int8_threshold)
 
 # Exercise 3.4: one Linear layer's heavy-tailed weight, the inputs the output error is measured
 # on, and the budget in bits per weight (turned into bytes for this layer).
@@ -62,15 +63,7 @@ LAYER = dict(out_features=256, in_features=1024, df=5, std=0.02, seed=1)
 INPUTS = dict(tokens=32, seed=2)
 BUDGET_BITS = 4.4
 BLOCK = 64
-SCHEMES = {
-    "bf16": "bf16 copy of the weight",
-    "int8-row": "int8 absmax, one fp32 scale per row",
-    "nf4": "NF4, blocks of 64, fp32 absmax",
-    "nf4-dq": "NF4, blocks of 64, double quantization",
-    "fp4": "FP4, blocks of 64, fp32 absmax",
-    "int4-zp": "int4 zero-point, blocks of 64, fp16 scale + 4-bit zero",
-    "int3-zp": "int3 zero-point, blocks of 64, fp16 scale + 3-bit zero",
-}
+LAB_SCHEMES = ("bf16", "int8", "nf4", "nf4-dq", "fp4", "int4-zp", "int3-zp")  # names of memlab.quant.schemes
 
 
 # ------------------------------------------------------------------------- tensors
@@ -171,7 +164,7 @@ def model_weights_gb(model: str = MODEL, bits: float | None = None,
 
 
 def int8_errors(x: torch.Tensor, weight: torch.Tensor,
-                threshold: float = THRESHOLD) -> dict[str, float]:
+                threshold: float = LLM_INT8_THRESHOLD) -> dict[str, float]:
     """Relative output error of plain vector-wise int8 and of LLM.int8() against x @ W.T in fp64 (chapter: 3)."""
     reference = x.double() @ weight.double().T
     return {
@@ -195,11 +188,11 @@ class SchemeRow:
 
 
 def _store(scheme: str, w: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(dequantized weight, bytes stored) of ``w`` under one of :data:`SCHEMES`."""
+    """(dequantized weight, bytes stored) of ``w`` under one of :data:`LAB_SCHEMES`."""
     if scheme == "bf16":
         stored = w.to(torch.bfloat16)
         return stored.float(), stored.numel() * stored.element_size()
-    if scheme == "int8-row":
+    if scheme == "int8":
         q, state = absmax_quantize(w, 8, granularity="row")
     elif scheme in ("nf4", "nf4-dq", "fp4"):
         q, state = quantize_4bit(w, quant_type=scheme[:3], blocksize=BLOCK,
@@ -212,12 +205,13 @@ def _store(scheme: str, w: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def scheme_table(weight: torch.Tensor | None = None,
                  inputs: torch.Tensor | None = None) -> list[SchemeRow]:
-    """Every scheme of :data:`SCHEMES` applied to the layer: bytes stored and output error (chapter: 3)."""
+    """Every scheme of :data:`LAB_SCHEMES` applied to the layer: bytes stored and output error (chapter: 3)."""
     w = heavy_tailed_weight() if weight is None else weight
     x = layer_inputs() if inputs is None else inputs
     reference = x.double() @ w.double().T
     rows = []
-    for scheme, description in SCHEMES.items():
+    for scheme in LAB_SCHEMES:
+        description = SCHEMES[scheme].description
         w_back, n_bytes = _store(scheme, w)
         rows.append(SchemeRow(scheme, description, n_bytes, 8 * n_bytes / w.numel(),
                               relative_error(x.double() @ w_back.double().T, reference)))
@@ -343,11 +337,11 @@ def check_absmax(answer):
             return False, ("the negative codes wrapped around: absmax codes are signed, store "
                            "them as torch.int8")
         n = int((codes.double() != q_ref.double()).sum())
-        return False, f"{n} of {x.numel()} codes differ from memlab.quant.absmax_quantize's"
+        return False, f"{n} of {x.numel()} codes differ from memlab.quant.functional.absmax_quantize's"
     if codes.dtype != torch.int8:
         return False, f"the codes are right; store them as torch.int8 (1 byte each), not {codes.dtype}"
     if not torch.allclose(codes.float() * scale, dequantize(q_ref, state), rtol=1e-6, atol=0):
-        return False, "codes * scale must give back memlab.quant.dequantize's values"
+        return False, "codes * scale must give back memlab.quant.functional.dequantize's values"
     return True
 
 
@@ -427,12 +421,12 @@ def _check_zeropoint_case(t, bits, codes, scale, zero, where):
             return False, (f"{where}: codes above 127 are clamped: zero-point codes run from 0 to "
                            "2^bits - 1 (255 for 8 bits), not over int8's range")
         n = int((codes.double() != q_ref.double()).sum())
-        return False, f"{where}: {n} of {t.numel()} codes differ from memlab.quant.zeropoint_quantize's"
+        return False, f"{where}: {n} of {t.numel()} codes differ from memlab.quant.functional.zeropoint_quantize's"
     if codes.dtype != torch.uint8:
         return False, f"{where}: the codes are right; store them as torch.uint8, not {codes.dtype}"
     back = (codes.float() - zero) * scale
     if not torch.allclose(back, dequantize(q_ref, state), rtol=1e-6, atol=1e-7):
-        return False, f"{where}: (codes - zero) * scale must give back memlab.quant.dequantize's values"
+        return False, f"{where}: (codes - zero) * scale must give back memlab.quant.functional.dequantize's values"
     return True
 
 
@@ -525,19 +519,19 @@ def _index_list(answer) -> tuple[list[int] | None, str]:
 
 
 def check_outliers(answer, x):
-    """Check the outlier feature columns of ``x`` at :data:`THRESHOLD` (chapter: 3)."""
+    """Check the outlier feature columns of ``x`` at :data:`LLM_INT8_THRESHOLD` (chapter: 3)."""
     got, why = _index_list(answer)
     if got is None:
         return False, why
-    expected = outlier_columns(x, THRESHOLD).tolist()
+    expected = outlier_columns(x, LLM_INT8_THRESHOLD).tolist()
     if got == expected:
         return True
-    big = x.reshape(-1, x.shape[-1]).abs() >= THRESHOLD
+    big = x.reshape(-1, x.shape[-1]).abs() >= LLM_INT8_THRESHOLD
     rows = torch.nonzero(big.any(dim=1)).reshape(-1).tolist()
     if got == rows and rows != expected:
         return False, ("those are token (row) indices: answer the feature (column) indices, "
                        "the columns holding an outlier")
-    positive = torch.nonzero((x.reshape(-1, x.shape[-1]) >= THRESHOLD).any(dim=0)).reshape(-1)
+    positive = torch.nonzero((x.reshape(-1, x.shape[-1]) >= LLM_INT8_THRESHOLD).any(dim=0)).reshape(-1)
     if got == positive.tolist():
         return False, ("compare magnitudes |x| with the threshold: a feature whose outliers are "
                        "negative is an outlier feature too")
@@ -546,7 +540,7 @@ def check_outliers(answer, x):
     if missing:
         parts.append(f"{len(missing)} outlier column(s) missing")
     if extra:
-        parts.append(f"{len(extra)} of your columns hold no value with |x| >= {THRESHOLD:g}")
+        parts.append(f"{len(extra)} of your columns hold no value with |x| >= {LLM_INT8_THRESHOLD:g}")
     return False, ", ".join(parts)
 
 
@@ -569,8 +563,8 @@ def check_scheme(answer):
     if not isinstance(answer, str):
         return False, f"answer a scheme name (a string), got {type(answer).__name__}"
     name = answer.strip()
-    if name not in SCHEMES:
-        return False, f"unknown scheme {answer!r}; accepted: {', '.join(SCHEMES)}"
+    if name not in LAB_SCHEMES:
+        return False, f"unknown scheme {answer!r}; accepted: {', '.join(LAB_SCHEMES)}"
     table = scheme_table()
     budget = budget_bytes()
     row = next(r for r in table if r.scheme == name)

@@ -1,0 +1,86 @@
+"""nbval over notebooks the book build already executed: each notebook runs once per `make test`.
+
+`jupyter-book build` executes every notebook (and keeps its widgets' state for the HTML) and
+writes the executed copies to ``_build/jupyter_execute``. With ``--nbval-executed DIR``, nbval's
+own collector, cell markers (``# NBVAL_CHECK_OUTPUT`` ...), sanitizers and output comparison
+check each notebook against those executed outputs instead of starting a kernel to run it a
+second time. Without the option, ``--nbval-lax`` runs the notebooks itself as usual.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.getgroup("nbval").addoption(
+        "--nbval-executed", default=None, metavar="DIR",
+        help="check notebooks against the outputs of their executed copies in DIR "
+             "(e.g. _build/jupyter_execute) instead of running them")
+
+
+def pytest_collect_file(file_path, parent):
+    executed = parent.config.option.nbval_executed
+    if executed and file_path.suffix == ".ipynb" and not parent.config.option.nbval_lax:
+        return _replay_file_class().from_parent(parent, path=file_path)
+    return None
+
+
+@functools.cache
+def _replay_file_class():
+    from nbformat import read
+    from nbval.plugin import IPyNbCell, IPyNbFile, coalesce_streams
+
+    class ExecutedCell(IPyNbCell):
+        """A cell whose outputs come from the executed copy, compared as nbval compares them."""
+
+        def runtest(self):
+            if self.options["skip"]:
+                pytest.skip()
+            executed = self.parent.executed_cells[self.cell_num]
+            if executed.source != self.cell.source:
+                self.raise_cell_error("the executed copy is stale: its source differs; build the "
+                                      "book again")
+            outs = coalesce_streams(executed.get("outputs", []))
+            self.test_outputs = outs
+            errors = [o for o in outs if o.get("output_type") == "error"]
+            if errors and not self.options["check_exception"]:
+                self.raise_cell_error("Cell execution caused an exception",
+                                      "\n".join(errors[0].get("traceback", [])))
+            unrun = self.cell.execution_count is None
+            if unrun and self.cell.outputs:
+                self.raise_cell_error("Unrun reference cell has outputs")
+            if self.options["check"] and not unrun and not self.compare_outputs(
+                    outs, coalesce_streams(self.cell.outputs)):
+                self.raise_cell_error("Cell outputs differ", "\n".join(self.comparison_traceback))
+
+    class ExecutedNotebook(IPyNbFile):
+        """A notebook checked against its executed copy; no kernel is started."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.compare_outputs = False  # lax: only cells marked # NBVAL_CHECK_OUTPUT
+
+        def setup(self):
+            root = Path(self.config.rootpath)
+            copy = Path(self.config.option.nbval_executed)
+            copy = (copy if copy.is_absolute() else root / copy) / Path(self.path).relative_to(root)
+            if not copy.is_file():
+                raise pytest.UsageError(f"no executed copy of {self.path} at {copy}; build the "
+                                        "book first (make book)")
+            nb = read(str(copy), as_version=4)
+            self.executed_cells = [c for c in nb.cells if c.cell_type == "code"]
+            self.setup_sanitize_files()
+
+        def teardown(self):
+            pass
+
+        def collect(self):
+            for item in super().collect():
+                yield ExecutedCell.from_parent(self, name=item.name, cell_num=item.cell_num,
+                                               cell=item.cell, options=item.options)
+
+    return ExecutedNotebook

@@ -1,0 +1,514 @@
+"""Labs: autograded exercises, and the student versions of lab notebooks.
+
+An instructor defines a lab's exercises here in the library, never in the notebook, so
+that every expected value is computed by memlab at check time::
+
+    lab = define_lab("lab00", "Measure one training step")
+    lab.exercise("1.1", "bytes of the fp32 parameters",
+                 expected=lambda: 4 * get_config("tiny").num_parameters(),
+                 hint="an fp32 value takes 4 bytes")
+
+A notebook then does::
+
+    lab = memlab.labs.grader.get_lab("lab00")
+    answer = None
+    ### BEGIN SOLUTION
+    answer = 4 * cfg.num_parameters()
+    ### END SOLUTION
+    lab.check("1.1", answer)
+
+and the check prints one line: ``correct``, ``not yet`` (with a hint) or ``not attempted``.
+
+:func:`strip_solutions` turns an instructor notebook into the student version: the code
+between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` becomes ``# YOUR CODE HERE``
+(nbgrader's markers), so the student version still runs to the end and every check in it
+says ``not attempted``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import math
+import numbers
+import os
+import pkgutil
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from memlab.errors import MemlabError
+
+REPORT_ENV = "MEMLAB_LAB_REPORT"
+LAB_PACKAGE = (
+    "memlab.labs"  # a module memlab.labs.<name> that defines lab <name> is found by get_lab
+)
+
+CORRECT = "correct"
+NOT_YET = "not yet"
+NOT_ATTEMPTED = "not attempted"
+STATUSES = (CORRECT, NOT_YET, NOT_ATTEMPTED)
+_MARKS = {CORRECT: "✅", NOT_YET: "❌", NOT_ATTEMPTED: "⏳"}
+
+
+# Factors that turn a right answer into a wrong one when units are mixed up.
+_UNIT_FACTORS = (
+    (8, "8: bits and bytes are different units"),
+    (2**10, "1024: check your units (bytes, KiB, MiB, GiB)"),
+    (2**20, "2^20: check your units (bytes, KiB, MiB, GiB)"),
+    (2**30, "2^30: check your units (bytes, KiB, MiB, GiB)"),
+    (10**3, "1000: check your units (k, M, G)"),
+    (10**6, "10^6: check your units (k, M, G)"),
+    (10**9, "10^9: check your units (k, M, G)"),
+    (2**30 / 10**9, "2^30/10^9: GiB and GB are different units"),
+    (2**20 / 10**6, "2^20/10^6: MiB and MB are different units"),
+)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One autograded exercise of a lab.
+
+    ``expected`` is called at check time (with the context arguments it names), so the
+    expected value is computed by memlab, never typed in. The answer is compared with it
+    exactly, or within the relative tolerance ``rtol``. ``check``, when given, replaces that
+    comparison: it is called as ``check(answer, **context)`` (plus ``expected=`` when
+    ``expected`` is set, if it takes that argument) and returns ``(ok, hint)``, ``ok``, or
+    ``None`` when the answer is still a stub.
+    """
+
+    id: str
+    summary: str
+    expected: Callable[..., Any] | None = None
+    rtol: float = 0.0
+    check: Callable[..., Any] | None = None
+    hint: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.id, str) or not self.id.strip():
+            raise MemlabError(f"exercise id must be a non-empty string, got {self.id!r}")
+        if self.expected is None and self.check is None:
+            raise MemlabError(f"exercise {self.id!r} needs expected= or check=, got neither")
+        for name in ("expected", "check"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise MemlabError(
+                    f"exercise {self.id!r}: {name}= must be a callable (e.g. a lambda), got {value!r}"
+                )
+        if (
+            isinstance(self.rtol, bool)
+            or not isinstance(self.rtol, numbers.Real)
+            or not self.rtol >= 0
+        ):
+            raise MemlabError(
+                f"exercise {self.id!r}: rtol must be a number >= 0, got {self.rtol!r}"
+            )
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What one check said: ``status`` is ``'correct'``, ``'not yet'`` or ``'not attempted'``."""
+
+    lab: str
+    exercise: str
+    status: str
+    message: str
+
+    @property
+    def ok(self) -> bool:
+        """True when the status is ``'correct'`` (chapter: labs)."""
+        return self.status == CORRECT
+
+    def __str__(self) -> str:
+        return self.message
+
+    def _ipython_display_(self):
+        # The check has already printed its one line; showing the object too would repeat it.
+        return None
+
+
+@dataclass(frozen=True)
+class LabSummary:
+    """Counts of a lab's exercises by the status of their latest check."""
+
+    lab: str
+    correct: int
+    not_yet: int
+    not_attempted: int
+    total: int
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+    def _ipython_display_(self):
+        return None
+
+
+class Lab:
+    """A named set of exercises with :meth:`check` and :meth:`summary` (chapter: labs)."""
+
+    def __init__(self, name: str, title: str = "", exercises: Iterable[Exercise] = ()):
+        if not isinstance(name, str) or not name.strip():
+            raise MemlabError(f"lab name must be a non-empty string, got {name!r}")
+        self.name = name
+        self.title = title
+        self._exercises: dict[str, Exercise] = {}
+        self.results: dict[str, CheckResult] = {}
+        for ex in exercises:
+            self.add(ex)
+
+    def __repr__(self) -> str:
+        return f"Lab({self.name!r}, exercises: {', '.join(self.ids) or 'none'})"
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """The exercise ids, in the order they were added (chapter: labs)."""
+        return tuple(self._exercises)
+
+    @property
+    def exercises(self) -> tuple[Exercise, ...]:
+        """The exercises, in the order they were added (chapter: labs)."""
+        return tuple(self._exercises.values())
+
+    def add(self, exercise: Exercise) -> Exercise:
+        """Add an :class:`Exercise`; a second one with the same id is an error (chapter: labs)."""
+        if not isinstance(exercise, Exercise):
+            raise MemlabError(f"lab {self.name!r}: expected an Exercise, got {exercise!r}")
+        if exercise.id in self._exercises:
+            raise MemlabError(f"lab {self.name!r} already has an exercise {exercise.id!r}")
+        self._exercises[exercise.id] = exercise
+        return exercise
+
+    def exercise(
+        self,
+        id: str,
+        summary: str,
+        *,
+        expected: Callable[..., Any] | None = None,
+        rtol: float = 0.0,
+        check: Callable[..., Any] | None = None,
+        hint: str = "",
+    ) -> Exercise:
+        """Define and add one exercise; see :class:`Exercise` for the arguments (chapter: labs)."""
+        return self.add(Exercise(id, summary, expected=expected, rtol=rtol, check=check, hint=hint))
+
+    def get(self, exercise_id: str) -> Exercise:
+        """The exercise with this id, or a one-line error naming the accepted ids (chapter: labs)."""
+        try:
+            return self._exercises[exercise_id]
+        except (KeyError, TypeError):
+            accepted = ", ".join(self.ids) or "none defined"
+            raise MemlabError(
+                f"unknown exercise {exercise_id!r} in lab {self.name!r}; accepted: {accepted}"
+            ) from None
+
+    def describe(self) -> str:
+        """One line per exercise: its id and summary (chapter: labs)."""
+        return "\n".join(f"{ex.id}  {ex.summary}" for ex in self.exercises)
+
+    def check(self, exercise_id: str, answer: Any, **context: Any) -> CheckResult:
+        """Check an answer, print one line (correct / not yet / not attempted) and return it (chapter: labs)."""
+        ex = self.get(exercise_id)
+        status, detail = _judge(ex, answer, context)
+        if status == CORRECT:
+            message = f"{_MARKS[CORRECT]} {ex.id} correct"
+        elif status == NOT_ATTEMPTED:
+            message = f"{_MARKS[NOT_ATTEMPTED]} {ex.id} not attempted ({detail})"
+        else:
+            message = f"{_MARKS[NOT_YET]} {ex.id} not yet: {detail}"
+        result = CheckResult(self.name, ex.id, status, _one_line(message))
+        self.results[ex.id] = result
+        print(result.message)
+        _append_report(result)
+        return result
+
+    def summary(self) -> LabSummary:
+        """Print the score line, e.g. ``3/4 correct, 1 not attempted``, and return the counts (chapter: labs)."""
+        statuses = {
+            ex_id: (self.results[ex_id].status if ex_id in self.results else NOT_ATTEMPTED)
+            for ex_id in self.ids
+        }
+        by_status = {s: [i for i, st in statuses.items() if st == s] for s in STATUSES}
+        total = len(statuses)
+        parts = [f"{len(by_status[CORRECT])}/{total} correct"]
+        for s in (NOT_YET, NOT_ATTEMPTED):
+            if by_status[s]:
+                parts.append(f"{len(by_status[s])} {s} ({', '.join(by_status[s])})")
+        message = f"{self.name}: " + ", ".join(parts)
+        print(message)
+        return LabSummary(
+            lab=self.name,
+            correct=len(by_status[CORRECT]),
+            not_yet=len(by_status[NOT_YET]),
+            not_attempted=len(by_status[NOT_ATTEMPTED]),
+            total=total,
+            message=message,
+        )
+
+    def reset(self) -> None:
+        """Forget the results of earlier checks (chapter: labs)."""
+        self.results.clear()
+
+
+def parse_check_line(line: str) -> tuple[str, str] | None:
+    """``(exercise, status)`` from a line a check printed, or ``None`` for any other line (chapter: labs).
+
+    The inverse of :meth:`Lab.check`'s message: the tests read an executed lab's results with it.
+    """
+    for status, mark in _MARKS.items():
+        head = f"{mark} "
+        if line.startswith(head):
+            rest = line[len(head):]
+            exercise, _, tail = rest.partition(" ")
+            if tail == status or tail.startswith((f"{status} (", f"{status}:")):
+                return exercise, status
+    return None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _append_report(result: CheckResult) -> None:
+    path = os.environ.get(REPORT_ENV)
+    if not path:
+        return
+    record = {
+        "lab": result.lab,
+        "exercise": result.exercise,
+        "status": result.status,
+        "message": result.message,
+    }
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def _is_blank(value: Any) -> bool:
+    """True for ``None``/``...`` and for containers holding only those (a stub answer)."""
+    if value is None or value is Ellipsis:
+        return True
+    if isinstance(value, (list, tuple)) and value:
+        return all(_is_blank(v) for v in value)
+    if isinstance(value, Mapping) and value:
+        return all(_is_blank(v) for v in value.values())
+    return False
+
+
+def _call_with_context(fn: Callable[..., Any], args: tuple, context: Mapping[str, Any]) -> Any:
+    """Call ``fn(*args, **kw)`` with the context entries ``fn`` accepts."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return fn(*args, **context)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return fn(*args, **context)
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return fn(*args, **{k: v for k, v in context.items() if k in names})
+
+
+def _judge(ex: Exercise, answer: Any, context: Mapping[str, Any]) -> tuple[str, str]:
+    if _is_blank(answer):
+        return NOT_ATTEMPTED, "replace None with your answer"
+    blank = [k for k, v in context.items() if _is_blank(v)]
+    if blank:
+        return NOT_ATTEMPTED, f"{', '.join(blank)} is None: fill in the cell that sets it"
+    hint = _one_line(ex.hint)
+    expected = _call_with_context(ex.expected, (), context) if ex.expected is not None else None
+    if ex.check is not None:
+        extra = dict(context)
+        if ex.expected is not None:
+            extra["expected"] = expected
+        # A student's answer of an unexpected kind must give "not yet", never a traceback.
+        try:
+            verdict = _call_with_context(ex.check, (answer,), extra)
+        except Exception as exc:
+            return NOT_YET, _join(
+                f"could not check an answer of type {type(answer).__name__} "
+                f"({type(exc).__name__}: {_one_line(exc)})",
+                hint,
+            )
+        if verdict is None:
+            return NOT_ATTEMPTED, "replace None with your answer"
+        ok, why = verdict if isinstance(verdict, tuple) else (verdict, "")
+        return (CORRECT, "") if ok else (NOT_YET, _join(_one_line(why or ""), hint))
+    ok, why = _compare(answer, expected, float(ex.rtol))
+    return (CORRECT, "") if ok else (NOT_YET, _join(why, hint))
+
+
+def _join(*parts: str) -> str:
+    text = "; ".join(p for p in parts if p)
+    return text or "that is not the expected answer"
+
+
+def _plain(value: Any) -> Any:
+    """NumPy/torch scalars and arrays as Python numbers and lists."""
+    if isinstance(value, (str, bytes, bool, int, float, list, tuple, dict)) or value is None:
+        return value
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        try:
+            return tolist()
+        except Exception:
+            return value
+    return value
+
+
+def answer_number(value: Any) -> float | None:
+    """A learner's answer as a float (Python, numpy and torch real scalars, 1-element tensors), else None (chapters: 2, 3)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    item = getattr(value, "item", None)  # numpy and torch scalars; a larger tensor raises
+    if callable(item):
+        try:
+            out = item()
+        except Exception:
+            return None
+        return float(out) if isinstance(out, numbers.Real) and not isinstance(out, bool) else None
+    return None
+
+
+def answer_keys_problem(answer: Any, keys: Iterable[str], name: str) -> str | None:
+    """Why a dict answer does not have exactly the keys ``keys`` (named ``name``), all filled in; None if it does (chapters: 2, 3)."""
+    keys = list(keys)
+    if not isinstance(answer, Mapping):
+        return f"answer a dict with the keys of {name}, got {type(answer).__name__}"
+    missing = [k for k in keys if k not in answer]
+    extra = [str(k) for k in answer if k not in keys]
+    if missing or extra:
+        return f"missing keys {missing}" if missing else f"unknown keys {extra}"
+    blank = [k for k in keys if answer[k] is None or answer[k] is Ellipsis]
+    if blank:
+        return f"fill in {', '.join(repr(k) for k in blank)}"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Number) and not isinstance(value, bool)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _compare(answer: Any, expected: Any, rtol: float) -> tuple[bool, str]:
+    answer, expected = _plain(answer), _plain(expected)
+    if isinstance(expected, bool):
+        if isinstance(answer, bool):
+            return answer == expected, ""
+        return False, f"expected True or False, got {type(answer).__name__} {_show(answer)}"
+    if _is_number(expected):
+        if not _is_number(answer):
+            return False, f"expected a number, got {type(answer).__name__} {_show(answer)}"
+        if answer == expected:
+            return True, ""
+        if not (isinstance(answer, numbers.Real) and isinstance(expected, numbers.Real)):
+            return False, ""
+        try:
+            a, e = float(answer), float(expected)
+        except (TypeError, ValueError, OverflowError):
+            return False, ""
+        if rtol > 0 and abs(a - e) <= rtol * abs(e):
+            return True, ""
+        return False, _unit_hint(a, e, rtol)
+    if isinstance(expected, str):
+        if not isinstance(answer, str):
+            return False, f"expected a string, got {type(answer).__name__} {_show(answer)}"
+        return answer.strip().casefold() == expected.strip().casefold(), ""
+    if isinstance(expected, (list, tuple)):
+        if not isinstance(answer, (list, tuple)):
+            return (
+                False,
+                f"expected a list of {len(expected)} values, got {type(answer).__name__} {_show(answer)}",
+            )
+        if len(answer) != len(expected):
+            return False, f"expected {len(expected)} values, got {len(answer)}"
+        for i, (a, e) in enumerate(zip(answer, expected, strict=True)):
+            ok, why = _compare(a, e, rtol)
+            if not ok:
+                return False, f"value {i} is not right" + (f" ({why})" if why else "")
+        return True, ""
+    if isinstance(expected, Mapping):
+        if not isinstance(answer, Mapping):
+            return False, f"expected a dict, got {type(answer).__name__} {_show(answer)}"
+        if set(answer) != set(expected):
+            return (
+                False,
+                f"expected the keys {sorted(map(str, expected))}, got {sorted(map(str, answer))}",
+            )
+        for key, e in expected.items():
+            ok, why = _compare(answer[key], e, rtol)
+            if not ok:
+                return False, f"the value for {key!r} is not right" + (f" ({why})" if why else "")
+        return True, ""
+    try:
+        return bool(answer == expected), ""
+    except Exception:
+        return False, f"could not compare {type(answer).__name__} with {type(expected).__name__}"
+
+
+def _unit_hint(a: float, e: float, rtol: float) -> str:
+    if a == 0 or e == 0 or not (math.isfinite(a) and math.isfinite(e)):
+        return ""
+    ratio = abs(a / e)
+    tol = max(rtol, 1e-6)
+    for factor, text in _UNIT_FACTORS:
+        if math.isclose(ratio, factor, rel_tol=tol) or math.isclose(ratio, 1 / factor, rel_tol=tol):
+            return f"off by a factor of {text}"
+    return ""
+
+
+# ------------------------------------------------------------------------- registry
+
+_REGISTRY: dict[str, Lab] = {}
+
+
+def register_lab(lab: Lab) -> Lab:
+    """Register a lab under its name, replacing an older one of that name (chapter: labs)."""
+    if not isinstance(lab, Lab):
+        raise MemlabError(f"register_lab needs a Lab, got {lab!r}")
+    _REGISTRY[lab.name] = lab
+    return lab
+
+
+def define_lab(name: str, title: str = "", exercises: Iterable[Exercise] = ()) -> Lab:
+    """Create a lab, register it (replacing an older one of that name) and return it (chapter: labs)."""
+    return register_lab(Lab(name, title, exercises))
+
+
+def lab_names() -> tuple[str, ...]:
+    """Names of the registered labs and of the lab modules in ``memlab.labs`` (chapter: labs)."""
+    names = set(_REGISTRY)
+    try:
+        package = importlib.import_module(LAB_PACKAGE)
+    except ImportError:
+        package = None
+    if package is not None and hasattr(package, "__path__"):
+        names.update(
+            m.name for m in pkgutil.iter_modules(package.__path__) if re.fullmatch(r"lab\d\d", m.name)
+        )
+    return tuple(sorted(names))
+
+
+def get_lab(name: str) -> Lab:
+    """The lab called ``name``; imports ``memlab.labs.<name>`` on first use (chapter: labs)."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if isinstance(name, str) and name.isidentifier():
+        module = f"{LAB_PACKAGE}.{name}"
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name not in (module, LAB_PACKAGE):
+                raise
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    raise MemlabError(f"unknown lab {name!r}; accepted: {', '.join(lab_names()) or 'none defined'}")

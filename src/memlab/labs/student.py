@@ -1,0 +1,230 @@
+"""The student version of a lab: solutions stripped, mark schemes removed, outputs cleared.
+
+Each ``### BEGIN SOLUTION`` .. ``### END SOLUTION`` region of a code cell becomes one
+``# YOUR CODE HERE`` line (nbgrader's markers and stub), so the student version still runs to the
+end and every check reports "not attempted". ``python -m memlab.labs.student labs --out
+labs/student`` (``make student``) writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memlab.errors import MemlabError
+
+BEGIN_SOLUTION = "### BEGIN SOLUTION"
+END_SOLUTION = "### END SOLUTION"
+BEGIN_MARK_SCHEME = "=== BEGIN MARK SCHEME ==="
+END_MARK_SCHEME = "=== END MARK SCHEME ==="
+CODE_STUB = "# YOUR CODE HERE"
+SOLUTION_TAG = "solution"
+
+
+# ------------------------------------------------------------------ student version
+
+
+@dataclass
+class StripStats:
+    """What :func:`strip_solutions` removed from one notebook."""
+
+    code_regions: int = 0
+    markdown_regions: int = 0
+    cells_removed: int = 0
+
+
+def _source_text(cell: Mapping[str, Any]) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else str(src)
+
+
+def _cell_name(index: int, cell: Mapping[str, Any]) -> str:
+    cell_id = cell.get("id")
+    return f"cell {index}" + (f" (id {cell_id})" if cell_id else "")
+
+
+def _strip_regions(
+    text: str, pairs: Mapping[str, str], where: str, stub: Callable[[str], str | None]
+) -> tuple[str, int]:
+    """Replace each marked region (markers included) by ``stub(indent)``; a ``None`` stub drops it."""
+    ends = {end: begin for begin, end in pairs.items()}
+    out: list[str] = []
+    open_marker: str | None = None
+    open_line = 0
+    regions = 0
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        marker = line.strip()
+        if marker in pairs:
+            if open_marker is not None:
+                raise MemlabError(
+                    f"{where}: line {number}: {marker!r} inside the region opened by "
+                    f"{open_marker!r} on line {open_line}; close it with {pairs[open_marker]!r} first"
+                )
+            open_marker, open_line = marker, number
+            indent = line[: len(line) - len(line.lstrip())]
+            replacement = stub(indent)
+            if replacement is not None:
+                out.append(replacement + "\n")
+            continue
+        if marker in ends:
+            if open_marker is None or pairs[open_marker] != marker:
+                raise MemlabError(
+                    f"{where}: line {number}: {marker!r} without a matching {ends[marker]!r} before it"
+                )
+            open_marker = None
+            regions += 1
+            continue
+        if open_marker is None:
+            out.append(line)
+    if open_marker is not None:
+        raise MemlabError(
+            f"{where}: line {open_line}: {open_marker!r} is never closed by {pairs[open_marker]!r}"
+        )
+    result = "".join(out)
+    if not text.endswith("\n") and result.endswith("\n"):
+        result = result[:-1]
+    return result, regions
+
+
+def _code_stub(indent: str) -> str:
+    # Inside an indented block a bare comment would leave the block empty: add `pass`.
+    return f"{indent}pass  {CODE_STUB}" if indent else CODE_STUB
+
+
+def strip_solutions(
+    nb: Mapping[str, Any], source_name: str = "notebook", stats: StripStats | None = None
+) -> dict:
+    """Return the student version of a notebook dict: solutions removed, outputs cleared (chapter: labs).
+
+    Code cells: each ``### BEGIN SOLUTION`` .. ``### END SOLUTION`` region becomes one
+    ``# YOUR CODE HERE`` line at the marker's indentation (``pass  # YOUR CODE HERE`` when
+    indented, so the block stays valid). Markdown cells: regions between those markers or
+    between ``=== BEGIN MARK SCHEME ===`` .. ``=== END MARK SCHEME ===`` are removed, and
+    cells tagged ``solution`` are removed entirely. Unbalanced markers raise a one-line
+    :class:`MemlabError` naming ``source_name`` and the cell.
+    """
+    stats = stats if stats is not None else StripStats()
+    out = copy.deepcopy(dict(nb))
+    cells = []
+    for index, cell in enumerate(out.get("cells", [])):
+        cell = dict(cell)
+        kind = cell.get("cell_type")
+        where = f"{source_name}: {_cell_name(index, cell)}"
+        text = _source_text(cell)
+        if kind == "code":
+            new_text, n = _strip_regions(text, {BEGIN_SOLUTION: END_SOLUTION}, where, _code_stub)
+            stats.code_regions += n
+            cell["source"] = new_text
+            cell["outputs"] = []
+            cell["execution_count"] = None
+            metadata = dict(cell.get("metadata", {}))
+            metadata.pop("execution", None)
+            cell["metadata"] = metadata
+        elif kind == "markdown":
+            tags = cell.get("metadata", {}).get("tags", []) or []
+            if SOLUTION_TAG in tags:
+                stats.cells_removed += 1
+                continue
+            pairs = {BEGIN_SOLUTION: END_SOLUTION, BEGIN_MARK_SCHEME: END_MARK_SCHEME}
+            new_text, n = _strip_regions(text, pairs, where, lambda indent: None)
+            stats.markdown_regions += n
+            if n and not new_text.strip():
+                stats.cells_removed += 1
+                continue
+            cell["source"] = new_text.rstrip() if n else new_text
+        cells.append(cell)
+    out["cells"] = cells
+    return out
+
+
+def _source_lines(cell: dict) -> dict:
+    text = _source_text(cell)
+    cell["source"] = text.splitlines(keepends=True)
+    return cell
+
+
+def write_student_notebook(src: str | Path, out_dir: str | Path) -> tuple[Path, StripStats]:
+    """Read an instructor notebook, write its student version into ``out_dir``, return its path (chapter: labs)."""
+    src, out_dir = Path(src), Path(out_dir)
+    try:
+        nb = json.loads(src.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise MemlabError(
+            f"{src}: cannot read the notebook ({type(exc).__name__}: {' '.join(str(exc).split())})"
+        ) from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise MemlabError(f"{src}: not a notebook (no list of cells)")
+    stats = StripStats()
+    student = strip_solutions(nb, source_name=str(src), stats=stats)
+    student["cells"] = [_source_lines(c) for c in student["cells"]]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dest = out_dir / src.name
+    if dest.resolve() == src.resolve():
+        raise MemlabError(
+            f"{src}: the student version would overwrite the instructor version; pick another --out"
+        )
+    dest.write_text(
+        json.dumps(student, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+    return dest, stats
+
+
+# ------------------------------------------------------------------ command line
+def find_notebooks(sources: list[str], out_dir: Path) -> list[Path]:
+    """The instructor notebooks named by files and folders (not recursive) (chapter: labs)."""
+    found: list[Path] = []
+    out_dir = out_dir.resolve()
+    for source in sources:
+        path = Path(source)
+        if path.is_dir():
+            found += sorted(p for p in path.glob("*.ipynb") if p.resolve().parent != out_dir)
+        elif path.is_file() and path.suffix == ".ipynb":
+            found.append(path)
+        else:
+            raise MemlabError(f"{source!r} is neither a notebook (.ipynb) nor a folder")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry point; returns the exit code (chapter: labs)."""
+    parser = argparse.ArgumentParser(
+        prog="make_student", description="Write student versions of lab notebooks."
+    )
+    parser.add_argument("sources", nargs="+", help="lab notebooks or folders holding them")
+    parser.add_argument(
+        "--out",
+        default="labs/student",
+        help="folder for the student versions (default: labs/student)",
+    )
+    args = parser.parse_args(argv)
+    out_dir = Path(args.out)
+    try:
+        notebooks = find_notebooks(args.sources, out_dir)
+        if not notebooks:
+            print(f"make_student: no notebooks in {', '.join(args.sources)}; nothing written")
+            return 0
+        for src in notebooks:
+            dest, stats = write_student_notebook(src, out_dir)
+            removed = f", {stats.cells_removed} cell(s) removed" if stats.cells_removed else ""
+            print(
+                f"wrote {dest} ({stats.code_regions} code solution(s), "
+                f"{stats.markdown_regions} markdown region(s) stripped{removed})"
+            )
+    except MemlabError as exc:
+        print(f"make_student: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

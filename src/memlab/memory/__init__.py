@@ -1,0 +1,58 @@
+"""Part 1, where the memory goes (chapter 1): the tensor-by-tensor estimator, inference with a
+KV cache, and other estimators compared.
+
+The pieces live in this folder's modules; their public names are re-exported here, so that
+``from memlab.memory import ...`` reaches them. ``experiments.py`` and ``claims.py`` register
+experiments and verdicts; this package does not import them.
+"""
+
+from memlab.memory.compare import (  # noqa: F401
+    ACCELERATE_ROW,
+    BYTES_PER_PARAM_SPLITS,
+    ELEUTHER_ALLGATHER_BUCKET,
+    ELEUTHER_GRAD_BYTES,
+    ELEUTHER_HIGH_PREC_BYTES,
+    ELEUTHER_LOW_PREC_BYTES,
+    ELEUTHER_OPTIMIZER_BYTES,
+    ELEUTHER_ZERO3_LIVE_PARAMS,
+    OtherEstimate,
+    accelerate_estimate,
+    all_estimates,
+    bytes_per_param_estimate,
+    comparison_table,
+    eleutherai_activation_bytes,
+    eleutherai_estimate,
+    eleutherai_parameter_count,
+    rule_of_thumb_loading,
+)
+from memlab.memory.inference import (  # noqa: F401
+    DTYPE_BYTES,
+    DTYPES,
+    INFERENCE_PHASES,
+    InferenceMemory,
+    estimate_inference,
+    forward_stage_bytes,
+    generate,
+    measure_inference,
+    trace_inference,
+)
+from memlab.memory.training import (  # noqa: F401
+    BNB_BLOCK,
+    BNB_MIN_NUMEL,
+    COMPUTE_BYTES,
+    DEVICES,
+    MODES,
+    PARAM_BYTES,
+    MemoryEstimate,
+    SavedTensor,
+    activation_bytes,
+    batch_for_peak,
+    bytes_per_param_curve,
+    estimate,
+    kv_cache_bytes,
+    largest_batch_that_fits,
+    optimizer_state_bytes,
+    optimizer_step_scratch_bytes,
+    saved_by_stage,
+    saved_tensors,
+)

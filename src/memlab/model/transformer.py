@@ -1,0 +1,509 @@
+"""One small, readable decoder-only transformer, in two styles.
+
+* Llama style: RMSNorm, rotary positions (RoPE), grouped-query attention through
+  ``F.scaled_dot_product_attention``, SwiGLU MLP, untied head, no biases.
+* GPT-2 style: LayerNorm, GELU MLP, learned positions, biases, head tied to the embedding.
+
+For generation, :class:`KVCache` keeps every layer's keys and values; ``model(idx, kv_cache)``
+runs a prompt (prefill) or one new token (decode) at the absolute positions the cache is at.
+
+Presets reproduce the published models' parameter counts exactly (tests pin them).
+Names follow the papers and nanoGPT: B batch, T sequence, C model width (d_model),
+nh query heads, nkv key/value heads, hs head size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from memlab.errors import MemlabError, check_choice
+
+ATTENTION_IMPLS = ("sdpa", "eager")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a decoder-only transformer. Sizes are counts, not bytes."""
+
+    name: str = "custom"
+    style: str = "llama"  # "llama" or "gpt2"
+    vocab_size: int = 32000
+    n_layer: int = 2
+    n_head: int = 4
+    n_kv_head: int | None = None  # None: same as n_head (plain multi-head attention)
+    d_model: int = 64
+    d_ff: int | None = None  # None: 4*d_model (gpt2) or the Llama SwiGLU rule
+    max_seq_len: int = 128
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool | None = None  # None: tied for gpt2, untied for llama
+    attention: str = "sdpa"  # "sdpa" (flash / memory-efficient) or "eager" (stores the softmax)
+
+    def __post_init__(self) -> None:
+        check_choice("model style", self.style, ("llama", "gpt2"))
+        check_choice("attention", self.attention, ATTENTION_IMPLS)
+        for f in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise MemlabError(f"model config {f} must be a positive integer, got {v!r}")
+        if self.d_ff is not None and (
+            isinstance(self.d_ff, bool) or not isinstance(self.d_ff, int) or self.d_ff <= 0
+        ):
+            raise MemlabError(f"model config d_ff must be a positive integer, got {self.d_ff!r}")
+        if self.d_model % self.n_head:
+            raise MemlabError(
+                f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})"
+            )
+        if self.n_kv_head is not None and (
+            isinstance(self.n_kv_head, bool) or not isinstance(self.n_kv_head, int)
+            or self.n_kv_head <= 0 or self.n_head % self.n_kv_head
+        ):
+            raise MemlabError(
+                f"n_kv_head ({self.n_kv_head}) must be a positive divisor of n_head ({self.n_head})"
+            )
+
+    # Derived sizes -----------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        """Number of key/value heads (n_head for plain multi-head attention)."""
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        """Size of one attention head, d_model / n_head."""
+        return self.d_model // self.n_head
+
+    @property
+    def ffn_dim(self) -> int:
+        """Width of the MLP's hidden layer."""
+        if self.d_ff is not None:
+            return self.d_ff
+        if self.style == "gpt2":
+            return 4 * self.d_model
+        # Llama rule: 2/3 of 4C, rounded up to a multiple of 256.
+        hidden = int(2 * 4 * self.d_model / 3)
+        return 256 * math.ceil(hidden / 256)
+
+    @property
+    def tied(self) -> bool:
+        """Whether the output head shares the token embedding's weight."""
+        return self.style == "gpt2" if self.tie_embeddings is None else self.tie_embeddings
+
+    def num_parameters(self) -> int:
+        """Exact parameter count of :class:`Transformer` built from this config, by formula."""
+        C, L, V, F_ = self.d_model, self.n_layer, self.vocab_size, self.ffn_dim
+        kv = self.kv_heads * self.head_dim
+        if self.style == "gpt2":
+            attn = (C * C + C) + 2 * (C * kv + kv) + (C * C + C)  # q, k, v, o with biases
+            mlp = C * F_ + F_ + F_ * C + C
+            norms = 2 * 2 * C  # two LayerNorms, weight + bias
+            block = attn + mlp + norms
+            total = V * C + self.max_seq_len * C + L * block + 2 * C  # wte + wpe + blocks + ln_f
+        else:
+            attn = C * C + 2 * C * kv + C * C  # q, k, v, o
+            mlp = 3 * C * F_  # gate, up, down
+            norms = 2 * C
+            block = attn + mlp + norms
+            total = V * C + L * block + C  # embed + blocks + final norm
+        if not self.tied:
+            total += V * C
+        return total
+
+    def to_dict(self) -> dict:
+        """The config's fields as a plain dict (chapter: all)."""
+        return asdict(self)
+
+
+# Presets -------------------------------------------------------------------------------
+# Shapes from the models' published config.json files; parameter counts are pinned in tests.
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(
+        name="tiny", style="llama", vocab_size=512, n_layer=2, n_head=4, n_kv_head=2,
+        d_model=64, d_ff=176, max_seq_len=128,
+    ),
+    "tiny-gpt2": ModelConfig(
+        name="tiny-gpt2", style="gpt2", vocab_size=512, n_layer=2, n_head=4, d_model=64,
+        max_seq_len=128,
+    ),
+    "gpt2": ModelConfig(
+        name="gpt2", style="gpt2", vocab_size=50257, n_layer=12, n_head=12, d_model=768,
+        max_seq_len=1024,
+    ),
+    "gpt2-xl": ModelConfig(
+        name="gpt2-xl", style="gpt2", vocab_size=50257, n_layer=48, n_head=25, d_model=1600,
+        max_seq_len=1024,
+    ),
+    # TinyLlama-1.1B's shape: the book's Llama-style "1B-class" model.
+    "llama-1b": ModelConfig(
+        name="llama-1b", vocab_size=32000, n_layer=22, n_head=32, n_kv_head=4, d_model=2048,
+        d_ff=5632, max_seq_len=2048,
+    ),
+    "llama2-7b": ModelConfig(
+        name="llama2-7b", vocab_size=32000, n_layer=32, n_head=32, d_model=4096, d_ff=11008,
+        max_seq_len=4096,
+    ),
+    "llama2-13b": ModelConfig(
+        name="llama2-13b", vocab_size=32000, n_layer=40, n_head=40, d_model=5120, d_ff=13824,
+        max_seq_len=4096,
+    ),
+    "llama2-70b": ModelConfig(
+        name="llama2-70b", vocab_size=32000, n_layer=80, n_head=64, n_kv_head=8, d_model=8192,
+        d_ff=28672, max_seq_len=4096,
+    ),
+    "llama3-8b": ModelConfig(
+        name="llama3-8b", vocab_size=128256, n_layer=32, n_head=32, n_kv_head=8, d_model=4096,
+        d_ff=14336, max_seq_len=8192, rope_theta=500000.0,
+    ),
+    "mistral-7b": ModelConfig(
+        name="mistral-7b", vocab_size=32000, n_layer=32, n_head=32, n_kv_head=8, d_model=4096,
+        d_ff=14336, max_seq_len=32768, rope_theta=1000000.0,
+    ),
+}
+
+
+def get_config(name_or_path: str | Path, **overrides) -> ModelConfig:
+    """Return a preset's config, or load a Hugging Face ``config.json`` from disk (chapter: 1)."""
+    key = str(name_or_path)
+    if key in PRESETS:
+        cfg = PRESETS[key]
+    elif key.endswith(".json") or Path(key).is_file():
+        cfg = config_from_hf(key)
+    else:
+        raise MemlabError(
+            f"unknown model {key!r}; accepted: {', '.join(PRESETS)} or a path to a config.json"
+        )
+    if overrides:
+        valid = {f.name for f in fields(ModelConfig)}
+        bad = sorted(set(overrides) - valid)
+        if bad:
+            raise MemlabError(f"unknown config field(s) {bad}; accepted: {', '.join(sorted(valid))}")
+        cfg = replace(cfg, **overrides)
+    return cfg
+
+
+_HF_LLAMA_TYPES = ("llama", "mistral")
+
+
+def config_from_hf(path: str | Path) -> ModelConfig:
+    """Read a Hugging Face ``config.json`` (GPT-2, Llama, Mistral) from disk; never fetches (chapter: 1)."""
+    path = Path(path)
+    if not path.is_file():
+        raise MemlabError(f"config file {str(path)!r} does not exist")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MemlabError(f"config file {str(path)!r} is not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
+    if not isinstance(raw, dict):
+        raise MemlabError(f"config file {str(path)!r} must hold a JSON object")
+    mtype = raw.get("model_type")
+    accepted = ("gpt2", *_HF_LLAMA_TYPES)
+    if mtype not in accepted:
+        raise MemlabError(
+            f"config file {str(path)!r} has model_type {mtype!r}; accepted: {', '.join(accepted)}"
+        )
+
+    def need(*keys):
+        for k in keys:
+            if k in raw:
+                return raw[k]
+        raise MemlabError(f"config file {str(path)!r} lacks the key {keys[0]!r}")
+
+    # Shapes this model cannot express are refused rather than counted wrongly.
+    if raw.get("attention_bias") or raw.get("mlp_bias"):
+        raise MemlabError(f"config file {str(path)!r} uses biases in attention or MLP, which "
+                          "the book's Llama-style model does not have")
+    if mtype != "gpt2" and raw.get("head_dim") not in (None, raw.get("hidden_size", 0)
+                                                      // max(raw.get("num_attention_heads", 1), 1)):
+        raise MemlabError(f"config file {str(path)!r} sets head_dim {raw['head_dim']} != "
+                          "hidden_size / num_attention_heads, which the book's model does not support")
+    try:
+        if mtype == "gpt2":
+            return ModelConfig(
+                name=raw.get("_name_or_path") or path.parent.name or "gpt2-config",
+                style="gpt2",
+                vocab_size=need("vocab_size"),
+                n_layer=need("n_layer", "num_hidden_layers"),
+                n_head=need("n_head", "num_attention_heads"),
+                d_model=need("n_embd", "hidden_size"),
+                d_ff=raw.get("n_inner"),
+                max_seq_len=need("n_positions", "max_position_embeddings"),
+                norm_eps=raw.get("layer_norm_epsilon", 1e-5),
+                tie_embeddings=raw.get("tie_word_embeddings", True),
+            )
+        return ModelConfig(
+            name=raw.get("_name_or_path") or path.parent.name or f"{mtype}-config",
+            style="llama",
+            vocab_size=need("vocab_size"),
+            n_layer=need("num_hidden_layers"),
+            n_head=need("num_attention_heads"),
+            n_kv_head=raw.get("num_key_value_heads"),
+            d_model=need("hidden_size"),
+            d_ff=need("intermediate_size"),
+            max_seq_len=raw.get("max_position_embeddings", 2048),
+            norm_eps=raw.get("rms_norm_eps", 1e-5),
+            rope_theta=float(raw.get("rope_theta", 10000.0)),
+            tie_embeddings=raw.get("tie_word_embeddings", False),
+        )
+    except TypeError as exc:  # e.g. a string where a number belongs
+        raise MemlabError(f"config file {str(path)!r} is malformed: {exc}") from None
+
+
+# Modules ---------------------------------------------------------------------------------
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Zhang & Sennrich 2019), computed in fp32 as Llama does."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):  # (B, T, C)
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cache(T: int, hs: int, theta: float, device=None, start: int = 0):
+    """cos and sin tables for rotary embeddings (Su et al. 2021) at positions start..start+T-1, each (T, hs/2), fp32 (chapter: 1)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, device=device, dtype=torch.float32) / hs))
+    t = torch.arange(start, start + T, device=device, dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq)  # (T, hs/2)
+    return freqs.cos(), freqs.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate pairs (first half, second half) of each head of x, shaped (B, nh, T, hs) (chapter: 1)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+class KVCache:
+    """Keys and values of every layer, preallocated for ``max_len`` positions (chapter: 1).
+
+    ``k[i]`` and ``v[i]`` are layer i's tensors, (B, nkv, max_len, hs) each, in the model's
+    dtype; positions [0, pos) are filled. Its bytes are fixed when it is made:
+    2 x n_layer x B x nkv x max_len x hs x bytes per value.
+    """
+
+    def __init__(self, cfg: ModelConfig, batch_size: int, max_len: int, *, device=None,
+                 dtype=None):
+        if max_len > cfg.max_seq_len:
+            raise MemlabError(f"KV cache length {max_len} exceeds max_seq_len {cfg.max_seq_len}")
+        shape = (batch_size, cfg.kv_heads, max_len, cfg.head_dim)  # (B, nkv, max_len, hs)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.max_len = max_len
+        self.pos = 0  # number of positions filled
+
+    def nbytes(self) -> int:
+        """Bytes of all the keys and values (chapter: 1)."""
+        return sum(t.untyped_storage().nbytes() for t in self.k + self.v)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with grouped-query heads (Ainslie et al. 2023)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        C, hs = cfg.d_model, cfg.head_dim
+        bias = cfg.style == "gpt2"
+        self.q_proj = nn.Linear(C, cfg.n_head * hs, bias=bias)
+        self.k_proj = nn.Linear(C, cfg.kv_heads * hs, bias=bias)
+        self.v_proj = nn.Linear(C, cfg.kv_heads * hs, bias=bias)
+        self.o_proj = nn.Linear(cfg.n_head * hs, C, bias=bias)
+
+    def forward(self, x, rope=None, cache=None, layer=0):
+        cfg = self.cfg
+        B, T, C = x.shape
+        nh, nkv, hs = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        q = self.q_proj(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.k_proj(x).view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        v = self.v_proj(x).view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        if rope is not None:
+            cos, sin = rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        pos = 0
+        if cache is not None:  # write the new positions, then attend over all filled ones
+            pos = cache.pos
+            cache.k[layer][:, :, pos : pos + T] = k
+            cache.v[layer][:, :, pos : pos + T] = v
+            k = cache.k[layer][:, :, : pos + T]  # (B, nkv, S, hs), S = pos + T; a view
+            v = cache.v[layer][:, :, : pos + T]
+        S = k.size(2)  # keys: S = T without a cache
+        if nkv != nh:  # GQA: each key/value head serves nh/nkv query heads
+            k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, S, hs)
+            v = v.repeat_interleave(nh // nkv, dim=1)
+        if cfg.attention == "sdpa" and pos == 0:  # no cache, or a prompt into an empty one
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)  # (B, nh, T, hs)
+        elif cfg.attention == "sdpa":
+            # Query i sits at position pos + i: it sees keys 0..pos+i. One new token sees all.
+            mask = None if T == 1 else torch.ones(T, S, dtype=torch.bool, device=x.device).tril(pos)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, hs)
+        else:  # eager: materialises the (T, S) scores and keeps the softmax for backward
+            future = torch.ones(T, S, dtype=torch.bool, device=x.device).triu(pos + 1)  # (T, S)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
+            att = att.masked_fill(future, float("-inf"))
+            att = att.softmax(dim=-1)  # kept for backward: the s^2 term of eager attention
+            y = att @ v  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, C)
+        return self.o_proj(y)
+
+
+class MLP(nn.Module):
+    """SwiGLU (Shazeer 2020) for Llama style, GELU for GPT-2 style."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.style = cfg.style
+        C, Fd = cfg.d_model, cfg.ffn_dim
+        if cfg.style == "gpt2":
+            self.up_proj = nn.Linear(C, Fd)
+            self.down_proj = nn.Linear(Fd, C)
+        else:
+            self.gate_proj = nn.Linear(C, Fd, bias=False)
+            self.up_proj = nn.Linear(C, Fd, bias=False)
+            self.down_proj = nn.Linear(Fd, C, bias=False)
+
+    def forward(self, x):  # (B, T, C)
+        if self.style == "gpt2":
+            return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (B, T, C)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        Norm = (lambda d: nn.LayerNorm(d, eps=cfg.norm_eps)) if cfg.style == "gpt2" else (
+            lambda d: RMSNorm(d, eps=cfg.norm_eps)
+        )
+        self.norm1 = Norm(cfg.d_model)
+        self.attn = Attention(cfg)
+        self.norm2 = Norm(cfg.d_model)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, rope=None, cache=None, layer=0):
+        x = x + self.attn(self.norm1(x), rope, cache, layer)
+        return x + self.mlp(self.norm2(x))
+
+
+class Transformer(nn.Module):
+    """Decoder-only language model: tokens (B, T) in, logits (B, T, V) out."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.style == "gpt2" else None
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm_f = (
+            nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+            if cfg.style == "gpt2"
+            else RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        )
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tied:
+            self.lm_head.weight = self.tok_emb.weight
+        # Full activation checkpointing: keep only each block's input, recompute the rest.
+        self.gradient_checkpointing = False
+
+    def forward(self, idx, kv_cache: KVCache | None = None, *, last_only: bool = False):
+        """Logits (B, T, V) for token ids (B, T); with ``kv_cache``, at positions pos..pos+T-1.
+
+        ``last_only=True`` computes the last position's logits only, (B, 1, V): all that
+        generation needs, and it spares the (B, T, V) logits of a prompt.
+        """
+        B, T = idx.shape
+        pos = 0 if kv_cache is None else kv_cache.pos
+        if self.cfg.max_seq_len < pos + T:
+            raise MemlabError(f"sequence length {pos + T} exceeds max_seq_len {self.cfg.max_seq_len}")
+        if kv_cache is not None and kv_cache.max_len < pos + T:
+            raise MemlabError(f"sequence length {pos + T} exceeds the KV cache's {kv_cache.max_len}")
+        x = self.tok_emb(idx)  # (B, T, C)
+        rope = None
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(pos, pos + T, device=idx.device))  # (B, T, C)
+        else:
+            rope = rope_cache(T, self.cfg.head_dim, self.cfg.rope_theta, device=idx.device,
+                              start=pos)
+        for i, block in enumerate(self.blocks):
+            if self.gradient_checkpointing and torch.is_grad_enabled() and kv_cache is None:
+                x = checkpoint(block, x, rope, use_reentrant=False)
+            else:
+                x = block(x, rope, kv_cache, i)
+        if kv_cache is not None:
+            kv_cache.pos = pos + T
+        if last_only:
+            x = x[:, -1:]  # (B, 1, C)
+        return self.lm_head(self.norm_f(x))  # (B, T, V), or (B, 1, V)
+
+
+def block_linears(model: nn.Module, kind: type[nn.Module] = nn.Linear) -> dict[str, nn.Module]:
+    """The ``kind`` modules inside a :class:`Transformer`'s blocks, by qualified name (chapters: 3, 5).
+
+    What quantization, QAT and LoRA replace: the attention projections and the MLP, never the
+    embedding, the norms or the LM head.
+    """
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        raise MemlabError(f"expected a memlab Transformer with .blocks, got {type(model).__name__}")
+    return {f"blocks.{name}": m for name, m in blocks.named_modules() if isinstance(m, kind)}
+
+
+def replace_module(model: nn.Module, name: str, module: nn.Module) -> nn.Module:
+    """Put ``module`` at the qualified ``name`` inside ``model``; returns the module it replaced (chapters: 3, 5)."""
+    parent, _, child = name.rpartition(".")
+    owner = model.get_submodule(parent) if parent else model
+    old = getattr(owner, child)
+    setattr(owner, child, module)
+    return old
+
+
+def build_model(
+    cfg: ModelConfig | str,
+    *,
+    device=None,
+    dtype=None,
+    seed: int | None = 0,
+    checkpointing: bool = False,
+) -> Transformer:
+    """Build a :class:`Transformer` from a config or preset name (chapter: all).
+
+    ``device="meta"`` builds it without allocating any weights; ``checkpointing=True``
+    turns on full activation checkpointing (one saved input per block).
+    """
+    if isinstance(cfg, str):
+        cfg = get_config(cfg)
+    if seed is not None and str(device) != "meta":
+        torch.manual_seed(seed)
+    with torch.device(device or "cpu"):
+        model = Transformer(cfg)
+    if dtype is not None:
+        if not isinstance(dtype, torch.dtype):
+            raise MemlabError(f"dtype must be a torch.dtype such as torch.bfloat16, got {dtype!r}")
+        model = model.to(dtype)
+    model.gradient_checkpointing = checkpointing
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of distinct parameters, a tied weight counted once (chapter: 0)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def lm_loss(logits, targets):
+    """Next-token cross-entropy (a 0-d tensor, nats) in fp32, as training code computes it (chapter: 0)."""
+    B, T, V = logits.shape
+    return F.cross_entropy(logits.float().reshape(B * T, V), targets.reshape(B * T))

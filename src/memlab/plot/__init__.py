@@ -1,0 +1,40 @@
+"""All of the book's figures: one house style, one module per part, no experiments inside.
+
+Functions take results (dataclasses or the dicts stored in records) and return a
+matplotlib ``Figure``; they never measure anything themselves. Every name is re-exported
+here: ``import memlab.plot as mplot; mplot.loss_curves(...)``.
+"""
+
+from memlab.plot.measure import (  # noqa: F401
+    compare_phases,
+    step_breakdown,
+    step_phases,
+)
+from memlab.plot.memory import (  # noqa: F401
+    bytes_per_param,
+    error_histogram,
+)
+from memlab.plot.precision import (  # noqa: F401
+    FORMAT_COLORS,
+    MEMORY_PARTS,
+    MODE_COLORS,
+    format_ranges,
+    gradient_histogram,
+    loss_curves,
+    memory_by_mode,
+    relative_error_curves,
+    representable_values,
+)
+from memlab.plot.quant import (  # noqa: F401
+    layer_errors,
+    optimizer_curves,
+    outlier_sweep,
+    quant_levels,
+    scheme_tradeoff,
+)
+from memlab.plot.style import (  # noqa: F401
+    CATEGORY_COLORS,
+    CATEGORY_LABELS,
+    as_dict,
+    style,
+)

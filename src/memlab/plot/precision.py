@@ -1,0 +1,267 @@
+"""Figures of chapter 2: loss curves, gradient histograms, memory by mode, format ranges and errors."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from memlab.errors import check_choice
+from memlab.plot.style import CATEGORY_COLORS, as_dict, style
+from memlab.units import UNITS
+
+# Chapter 2: mixed precision ---------------------------------------------------------------------
+MODE_COLORS = {
+    "fp32": "#333333",
+    "fp16-autocast": "#C44E52",
+    "fp16-scaled": "#DD8452",
+    "bf16-autocast": "#4C72B0",
+    "bf16-pure": "#55A868",
+}
+MEMORY_PARTS = (  # (field of a ModeMemory, label, colour) for memory_by_mode
+    ("parameters_bytes", "parameters", CATEGORY_COLORS["parameters"]),
+    ("gradients_bytes", "gradients", CATEGORY_COLORS["gradients"]),
+    ("optimizer_states_bytes", "optimizer states", CATEGORY_COLORS["optimizer_states"]),
+    ("activations_only_bytes", "saved activations", CATEGORY_COLORS["activations"]),
+    ("weight_cast_cache_bytes", "weight-cast cache", "#E8A0A2"),
+    ("grad_scaler_bytes", "GradScaler state", CATEGORY_COLORS["temporaries"]),
+)
+
+
+def loss_curves(result, title: str | None = None):
+    """Training loss (nats) per step for every mode, one panel per loss setting, best loss dashed (chapter: 2)."""
+    style()
+    d = as_dict(result)
+    settings = d["settings"]
+    fig, axes = plt.subplots(1, len(settings), figsize=(4.6 * len(settings), 3.6), sharey=True,
+                             squeeze=False)
+    best = d["task"]["entropy_nats"]
+    for ax, s in zip(axes[0], settings, strict=True):
+        for run in s["runs"]:
+            loss = [float("nan") if x is None else x for x in run["loss"]]
+            color = MODE_COLORS.get(run["mode"], "0.5")
+            ref = run["mode"] == "fp32"  # drawn thin and on top: the others overlap it
+            ax.plot(range(len(loss)), loss, color=color, lw=1.0 if ref else 1.6,
+                    label=run["mode"], ls="--" if run["mode"] == "fp16-scaled" else "-",
+                    zorder=3 if ref else 2)
+            skipped = run.get("skipped_steps") or []
+            if skipped:
+                ax.plot(skipped, [loss[i] for i in skipped], "x", color=color, ms=5,
+                        label=f"{run['mode']}: skipped step")
+        ax.axhline(best, color="0.5", ls=":", lw=1)
+        ax.annotate("best possible (entropy of the chain)", (0.98, best), ha="right",
+                    va="bottom", xycoords=("axes fraction", "data"), fontsize=8, color="0.4")
+        ax.set_xlabel("step")
+        divisor = s["loss_divisor"]
+        ax.set_title(f"loss / {divisor:,}: {s['tokens_per_gradient']:,} tokens per gradient"
+                     if divisor > 1 else f"mean over {s['tokens_per_gradient']:,} tokens",
+                     fontsize=10)
+    axes[0][0].set_ylabel("training loss (nats)")
+    handles = {}
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, h)
+    fig.legend(handles.values(), handles.keys(), loc="center left", bbox_to_anchor=(0.86, 0.5),
+               fontsize=8)
+    if title:
+        fig.suptitle(title, fontweight="bold")
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
+    return fig
+
+
+def gradient_histogram(result, setting: str | None = None, mode: str = "fp32",
+                       which: str = "activations", title: str | None = None):
+    """Share of gradient values per log2|g| bin with fp16's limits marked, as in Micikevicius et al. 2018, Fig. 3 (chapter: 2).
+
+    One histogram per setting (or only ``setting``), of ``mode``'s run, for activation or
+    parameter gradients; values left of fp16's smallest subnormal become zero in fp16.
+    """
+    import math
+
+    style()
+    check_choice("gradients", which, ("activations", "parameters"))
+    d = as_dict(result)
+    names = [s["name"] for s in d["settings"]]
+    chosen = names if setting is None else [check_choice("setting", setting, names)]
+    edges = d["hist_edges_log2"]
+    key, tot = ("act_grad_hist", "act_totals") if which == "activations" else (
+        "param_grad_hist", "param_totals")
+    fig, ax = plt.subplots(figsize=(9.0, 3.8))
+    used = []
+    colors = ("#4C72B0", "#C44E52", "#55A868", "#8172B3")
+    for i, s in enumerate(d["settings"]):
+        if s["name"] not in chosen:
+            continue
+        runs = {r["mode"]: r for r in s["runs"]}
+        run = runs[check_choice("mode", mode, list(runs))]
+        total = run[tot]["values"]
+        pct = [100.0 * c / total for c in run[key]]
+        used += [e for e, c in zip(edges, run[key], strict=True) if c]
+        zeros = 100.0 * run[tot]["zeros"] / total
+        label = (f"{s['name']} (loss / {s['loss_divisor']:,}); exactly zero: {zeros:.2f}%")
+        ax.stairs(pct, edges + [edges[-1] + 1], color=colors[i % len(colors)], lw=1.5,
+                  label=label, fill=len(chosen) == 1, alpha=0.6 if len(chosen) == 1 else 1.0)
+    f16 = d["fp16"]
+    lines = (("fp16 min subnormal", f16["min_subnormal"], "#C44E52", "--"),
+             ("fp16 min normal", f16["min_normal"], "0.3", ":"),
+             ("fp16 max", f16["max"], "0.3", "-."))
+    for label, value, color, ls in lines:
+        x = math.log2(value)
+        ax.axvline(x, color=color, ls=ls, lw=1.2, label=f"{label} {value:.3g} (2^{x:.4g})")
+    lo = min(used + [math.log2(f16["min_subnormal"])]) - 2
+    hi = max(used + [math.log2(f16["max"])]) + 2
+    ax.axvspan(lo, math.log2(f16["min_subnormal"]), color="#C44E52", alpha=0.08)
+    ax.annotate("below fp16's smallest subnormal:\nzero in fp16", (lo + 0.5, 0.96),
+                xycoords=("data", "axes fraction"), fontsize=8, color="#C44E52", va="top")
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel(f"log2 |gradient| ({which}, {mode} run)")
+    ax.set_ylabel("share of values (%)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def memory_by_mode(result, which: str = "small", unit: str | None = None,
+                   title: str | None = None):
+    """Stacked bars per mode: per-parameter state, saved activations, weight-cast cache; peak marked (chapter: 2).
+
+    ``which='small'`` shows the trained model (measured), ``'large'`` the 7B-class trace. The
+    bars add up what the step holds by category (gradients and saved activations are not all
+    alive at once); the diamond is the measured or traced peak.
+    """
+    style()
+    check_choice("memory", which, ("small", "large"))
+    d = as_dict(result)
+    rows = d["memory"] if which == "small" else d["memory_large"]
+    peak = max((r["peak_bytes"] for r in rows), default=0)
+    unit = unit or ("GiB" if peak >= 2**30 else "MiB")
+    scale = UNITS[check_choice("unit", unit, UNITS)]
+    batches = {r["batch_size"] for r in rows}
+    labels = [r["mode"] + (f", batch {r['batch_size']}" if len(batches) > 1 else "")
+              for r in rows]
+    fig, ax = plt.subplots(figsize=(8.0, 1.4 + 0.5 * len(rows)))
+    left = [0.0] * len(rows)
+    for key, label, color in MEMORY_PARTS:
+        if key == "activations_only_bytes":
+            vals = [(r["saved_activations_bytes"] - r["weight_cast_cache_bytes"]) / scale
+                    for r in rows]
+        else:
+            vals = [r[key] / scale for r in rows]
+        if not any(vals):
+            continue
+        ax.barh(labels, vals, left=left, color=color, label=label)
+        left = [a + b for a, b in zip(left, vals, strict=True)]
+    peaks = [r["peak_bytes"] / scale for r in rows]
+    ax.plot(peaks, range(len(rows)), "D", color="black", ms=5, label="peak")
+    for i, r in enumerate(rows):
+        ratio = r.get("peak_ratio_to_fp32")
+        text = f"{peaks[i]:,.2f} {unit}" + (f" (x{ratio:.2f} of fp32)" if ratio else "")
+        ax.annotate(text, (max(left[i], peaks[i]), i), xytext=(6, 0),
+                    textcoords="offset points", va="center", fontsize=8)
+    how = rows[0]["how"] if rows else ""
+    model = rows[0]["model"] if rows else ""
+    ax.set_xlabel(f"bytes ({unit}), {how}: {model}, seq {rows[0]['seq_len'] if rows else ''}")
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(left + peaks + [1e-9]) * 1.45)
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    ax.grid(axis="y", visible=False)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+# Number formats (chapter 2) -------------------------------------------------------------------
+FORMAT_COLORS = {
+    "fp32": "#4C72B0", "fp16": "#DD8452", "bf16": "#55A868", "fp8-e4m3": "#C44E52",
+    "fp8-e5m2": "#8172B3", "int8": "#937860", "int4": "#DA8BC3", "nf4": "#8C8C8C", "fp4": "#CCB974",
+}
+
+
+def format_ranges(thresholds: dict, title: str | None = None):
+    """Log-scale bars per float format: flush-to-zero, subnormal, normal and overflow ranges (chapter: 2).
+
+    ``thresholds`` maps a format name to :class:`memlab.precision.formats.Thresholds` (or its dict).
+    """
+    import math
+
+    style()
+    names = list(thresholds)
+    fig, ax = plt.subplots(figsize=(8.0, 1.0 + 0.55 * len(names)))
+    for i, name in enumerate(names):
+        t = as_dict(thresholds[name])
+        lo, sub, norm, top = (math.log10(t[k]) for k in
+                              ("flush_to_zero_below", "min_subnormal", "min_normal", "max"))
+        color = FORMAT_COLORS.get(name, "0.5")
+        ax.barh(i, norm - sub, left=sub, color=color, alpha=0.35, height=0.6)
+        ax.barh(i, top - norm, left=norm, color=color, height=0.6)
+        ax.plot([lo], [i], marker="|", ms=12, color="0.2")
+        ax.annotate(f"max {t['max']:.3g}", (top, i), xytext=(4, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("log10 |x|: pale = subnormal (precision drops), solid = normal, | = flushed to 0 below")
+    ax.set_xlim(right=ax.get_xlim()[1] + 6)
+    ax.grid(axis="y", visible=False)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def representable_values(values: dict, log: bool = True, title: str | None = None):
+    """A rug of every representable value per format, on a log or linear axis (chapter: 2).
+
+    ``values`` maps a format name to a 1-D sequence (tensor or list) of its values.
+    """
+    style()
+    names = list(values)
+    fig, ax = plt.subplots(figsize=(8.0, 0.8 + 0.5 * len(names)))
+    for i, name in enumerate(names):
+        v = [float(x) for x in values[name]]
+        ax.vlines(v, i - 0.3, i + 0.3, color=FORMAT_COLORS.get(name, "0.3"), lw=0.8)
+        ax.annotate(f"{len(v)} values", (1, i), xycoords=("axes fraction", "data"),
+                    xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+    if log:
+        ax.set_xscale("log", base=2)
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("value (log2 axis)" if log else "value")
+    ax.grid(axis="y", visible=False)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def relative_error_curves(curves: dict, eps: dict | None = None, bins: int = 300,
+                          title: str | None = None):
+    """Worst relative rounding error against magnitude, log-log, one line per format (chapter: 2).
+
+    ``curves`` maps a format to ``(xs, relative_errors)`` with ``xs`` sorted; each line is the
+    largest error within each of ``bins`` consecutive slices (the envelope of the saw-tooth).
+    ``eps`` maps a format to its machine epsilon, drawn dotted as the eps/2 bound.
+    """
+    import torch
+
+    style()
+    fig, ax = plt.subplots(figsize=(8.0, 4.0))
+    for name, (xs, err) in curves.items():
+        x = torch.as_tensor(xs, dtype=torch.float64)
+        e = torch.as_tensor(err, dtype=torch.float64).clamp(max=1.0)  # inf (overflow) drawn at 1
+        n = (len(x) // bins) * bins
+        top = e[:n].reshape(bins, -1).max(dim=1).values
+        mid = x[:n].reshape(bins, -1).median(dim=1).values
+        color = FORMAT_COLORS.get(name, "0.3")
+        ax.plot(mid.tolist(), top.clamp(min=1e-12).tolist(), lw=1.6, color=color, label=name)
+        if eps and name in eps:
+            ax.axhline(eps[name] / 2, color=color, ls=":", lw=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("|x|")
+    ax.set_ylabel("worst |stored - x| / |x|   (1 = lost)")
+    ax.legend(loc="lower left", ncol=2)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig

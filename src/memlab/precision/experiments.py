@@ -1,0 +1,55 @@
+"""Chapter 2's experiments: five precision modes trained and measured, and fp8 matmul."""
+
+from __future__ import annotations
+
+from memlab.device import get_scale
+from memlab.experiments import register
+from memlab.precision.mixed import Fp8Matmul, MixedPrecisionResult
+
+# Mixed-precision training (chapter 2) ----------------------------------------------------------
+MIXED_SIZES = {
+    "ci": dict(model="tiny", model_overrides=dict(vocab_size=128, name="tiny-v128"), steps=50,
+               batch_size=8, seq_len=32, lr=1e-2, accumulation=4096,
+               large=dict(model="llama2-7b", batch_sizes=(1,), seq_len=2048), times=None),
+    "full": dict(model="tiny", model_overrides=dict(vocab_size=1024, n_layer=4, n_head=8,
+                                                    n_kv_head=4, d_model=256, d_ff=704,
+                                                    max_seq_len=256, name="small-v1024"),
+                 steps=400, batch_size=32, seq_len=128, lr=3e-3, accumulation=256,
+                 large=dict(model="llama2-7b", batch_sizes=(1, 8), seq_len=2048),
+                 times=dict(model="gpt2", batch_size=8, seq_len=1024, steps=20, warmup=5)),
+}
+
+
+@register(
+    "mixed-precision",
+    chapter="chapters/02_number_formats",
+    summary="fp32, fp16 with and without loss scaling, bf16 autocast and pure bf16: "
+            "loss, gradient underflow, memory by mode",
+    sizes=MIXED_SIZES,
+    result=MixedPrecisionResult,
+)
+def mixed_precision(scale: str | None = None):
+    """Five precision modes trained on the same data: curves, underflow, memory, step times (chapter: 2)."""
+    from memlab.precision.mixed import mixed_precision_run
+
+    return mixed_precision_run(**MIXED_SIZES[get_scale(scale)])
+
+
+FP8_SIZES = {
+    "ci": dict(m=1024, n=1024, k=1024, repeats=10, warmup=3),
+    "full": dict(m=8192, n=8192, k=8192, repeats=50, warmup=10),
+}
+
+
+@register(
+    "fp8-matmul",
+    chapter="chapters/02_number_formats",
+    summary="an fp8 (e4m3) matmul through torch._scaled_mm against bf16: TFLOP/s and error",
+    sizes=FP8_SIZES,
+    result=Fp8Matmul,
+)
+def fp8_matmul(scale: str | None = None):
+    """fp8 against bf16 matmul speed and error on this GPU, or a 'not measurable' status (chapter: 2)."""
+    from memlab.precision.mixed import fp8_matmul as run
+
+    return run(**FP8_SIZES[get_scale(scale)])

@@ -1,0 +1,53 @@
+"""The memory of a 20B model under each scheme, estimated from its shape (chapter: 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Memory of a 20B model -----------------------------------------------------------------------------
+# GPT-NeoX-20B's published shape (EleutherAI config.json): the model popular material's "20B" is.
+NEOX_20B = dict(d_model=6144, n_layer=44, vocab_size=50432, d_ff=24576)
+CLAIMED_PARAMS = 20 * 10**9  # the claim's round "20B"
+
+
+def _neox_20b_linears() -> list[tuple[int, int]]:
+    """(out_features, in_features) of one block's linears: fused qkv, attention out, MLP in and out."""
+    d, f = NEOX_20B["d_model"], NEOX_20B["d_ff"]
+    return [(3 * d, d), (d, d), (f, d), (d, f)]
+
+
+def neox_20b_groups() -> dict[str, int]:
+    """Parameters of GPT-NeoX-20B by kind: block linear weights, embeddings + head, biases and norms (chapter: 3)."""
+    d, L, V, f = (NEOX_20B[k] for k in ("d_model", "n_layer", "vocab_size", "d_ff"))
+    linear = L * sum(o * i for o, i in _neox_20b_linears())
+    biases_norms = L * (3 * d + d + f + d + 4 * d) + 2 * d  # linear biases, 2 LayerNorms per block, final
+    return {"linear": linear, "embeddings": 2 * V * d, "biases+norms": biases_norms}
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    scheme: str
+    claimed_gb: float | None  # n * bits / 8, as popular material computes it
+    weights_gb: float  # block linears with their scales, the rest in 16-bit (fp32 for fp32)
+    bits_per_param: float  # of the block linears
+
+
+def memory_20b() -> list[MemoryRow]:
+    """The 20B weight-memory table, naive against what the stored tensors take, in GB (10^9 bytes) (chapter: 3)."""
+    from memlab.quant.functional import bits_per_parameter
+
+    g = neox_20b_groups()
+    rest = g["embeddings"] + g["biases+norms"]
+    shapes = _neox_20b_linears()
+    rows_per_param = sum(o for o, _ in shapes) / sum(o * i for o, i in shapes)  # one scale per row
+    plan = [  # scheme, naive bits, linear bits (scales included), bytes of the rest per param
+        ("fp32", 32, 32.0, 4),
+        ("fp16", 16, 16.0, 2),
+        ("int8 (per-row absmax)", 8, 8 + 32 * rows_per_param, 2),
+        ("nf4", 4, bits_per_parameter("nf4"), 2),
+        ("nf4 + double quant", 4, bits_per_parameter("nf4", double_quant=True), 2),
+        ("int4 GPTQ, groups of 128", 4, bits_per_parameter("int4-zp", blocksize=128), 2),
+    ]
+    return [MemoryRow(s, CLAIMED_PARAMS * nb / 8 / 1e9, (g["linear"] * lb / 8 + rest * rb) / 1e9, lb)
+            for s, nb, lb, rb in plan]

@@ -1,0 +1,73 @@
+"""Quantized linear layers against bf16, timed on a GPU with CUDA events (chapter: 3).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from memlab.device import device_name, pick_device
+from memlab.errors import check_positive_int, require
+from memlab.measure.timing import not_measurable, time_ms
+from memlab.quant.compare import bnb_linear
+
+# Speed: GPU only ---------------------------------------------------------------------------------
+SPEED_KINDS = ("bf16", "int8", "llm-int8", "nf4")
+
+
+@dataclass(frozen=True)
+class SpeedRow:
+    kind: str
+    tokens: int  # rows of the input: 1 is a decode step, more is a prefill or a batch
+    ms: float  # median forward time of one linear layer
+    vs_bf16: float  # ms / bf16's ms at the same shape
+
+
+@dataclass(frozen=True)
+class QuantSpeed:
+    """bitsandbytes int8, LLM.int8() and NF4 linear layers against bf16, timed with CUDA events (chapter: 3)."""
+
+    status: str  # "measured", or "not measurable on <device>: why"
+    device: str
+    d_in: int
+    d_out: int
+    rows: list[SpeedRow] = field(default_factory=list)
+
+    @property
+    def measured(self) -> bool:
+        return self.status == "measured"
+
+
+def quant_speed(d_in: int = 8192, d_out: int = 8192, tokens=(1, 16, 2048), *, repeats: int = 50,
+                warmup: int = 10, device=None) -> QuantSpeed:
+    """Forward time of one linear layer per scheme against bf16, ms (CUDA only) (chapter: 3)."""
+    check_positive_int("d_in", d_in)
+    check_positive_int("d_out", d_out)
+    for n in tokens:
+        check_positive_int("tokens", n)
+    dev = pick_device(device)
+    if dev.type != "cuda":
+        return QuantSpeed(not_measurable(dev, "the timings are of bitsandbytes' CUDA kernels"),
+                          device_name(dev), d_in, d_out, [])
+    bnb = require("bitsandbytes", "quantized-layer timings", extra="quant")  # noqa: F841
+    lin = nn.Linear(d_in, d_out, bias=False)
+    mods = {"bf16": copy.deepcopy(lin).to(dev, torch.bfloat16).eval()}
+    for k in ("int8", "llm-int8", "nf4"):
+        m = bnb_linear(lin, k, dev)
+        if k == "nf4":
+            m.compute_dtype = torch.bfloat16
+        mods[k] = m
+    rows = []
+    for n in tokens:
+        x = torch.randn(n, d_in, device=dev)
+        base = None
+        for k in SPEED_KINDS:
+            xin = x.to(torch.float16 if k in ("int8", "llm-int8") else torch.bfloat16)
+            with torch.no_grad():
+                ms = float(torch.tensor(time_ms(lambda m=mods[k], xin=xin: m(xin), warmup=warmup, repeats=repeats, device=dev)).median())
+            base = ms if k == "bf16" else base
+            rows.append(SpeedRow(k, n, ms, ms / base))
+    return QuantSpeed("measured", device_name(dev), d_in, d_out, rows)

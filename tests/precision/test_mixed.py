@@ -1,0 +1,221 @@
+import json
+import math
+import re
+
+import matplotlib
+import pytest
+import torch
+
+matplotlib.use("Agg")
+from matplotlib.figure import Figure  # noqa: E402
+
+import memlab.experiments  # noqa: E402
+import memlab.plot as mplot  # noqa: E402
+import memlab.precision.experiments as ex  # noqa: E402
+from memlab import claims  # noqa: E402
+from memlab.errors import MemlabError  # noqa: E402
+from memlab.precision import mixed
+from memlab.precision.formats import spec  # noqa: E402
+
+# A small, fast setting: the tiny model with a 128-token vocabulary, 8 steps of 4 x 16 tokens.
+FAST = dict(model="tiny", model_overrides=dict(vocab_size=128), steps=8, batch_size=4, seq_len=16,
+            device="cpu")
+
+
+@pytest.fixture(scope="module")
+def token_mean():
+    return mixed.train_setting("token-mean", **FAST)
+
+
+@pytest.fixture(scope="module")
+def accumulation():
+    return mixed.train_setting("accumulation", modes=("fp32", "fp16-autocast", "fp16-scaled"),
+                               loss_divisor=4096, **FAST)
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+    """The registered experiment at ci scale, shrunk: fewer steps, the 7B trace swapped for tiny."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MEMLAB_DEVICE", "cpu")
+    mp.setitem(ex.MIXED_SIZES, "ci", dict(
+        ex.MIXED_SIZES["ci"], steps=6, batch_size=4, seq_len=16,
+        large=dict(model="tiny", batch_sizes=(1, 2), seq_len=32)))
+    try:
+        out = tmp_path_factory.mktemp("records")
+        result, record, path = memlab.experiments.run_experiment("mixed-precision", "ci", out, command="test")
+    finally:
+        mp.undo()
+    return result, record, path
+
+
+def test_markov_task_best_loss_is_the_chains_entropy():
+    task = mixed.MarkovTask(128, seed=0)
+    p = torch.tensor(mixed.MarkovTask.PROBS, dtype=torch.float64)
+    assert task.entropy_nats == pytest.approx(float(-(p * p.log()).sum()))
+    x, y = task.sample(256, 32, seed=5)
+    assert x.shape == y.shape == (256, 32) and torch.equal(x[:, 1:], y[:, :-1])
+    loss, acc = task.optimal(x, y)
+    assert loss == pytest.approx(task.entropy_nats, abs=0.02)  # 8,192 transitions
+    assert acc == pytest.approx(max(mixed.MarkovTask.PROBS), abs=0.02)
+
+
+def test_five_modes_give_finite_losses_that_fall(token_mean):
+    assert [r.mode for r in token_mean.runs] == list(mixed.MODES)
+    for r in token_mean.runs:
+        assert len(r.loss) == FAST["steps"] and all(x is not None for x in r.loss)
+        assert r.loss[-1] < r.loss[0] and r.eval_loss is not None
+        assert not r.skipped_steps and not r.nonfinite_grad_steps
+    assert token_mean.run("fp16-scaled").scale == [2.0**16] * FAST["steps"]
+    assert token_mean.run("fp32").scale is None
+
+
+def test_fp32_and_bf16_autocast_curves_agree(token_mean):
+    a, b = token_mean.run("fp32").loss, token_mean.run("bf16-autocast").loss
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 0.05
+
+
+def test_gradient_counts_add_up(token_mean):
+    for r in token_mean.runs:
+        for totals, hist in ((r.act_totals, r.act_grad_hist), (r.param_totals, r.param_grad_hist)):
+            assert len(hist) == len(mixed.HIST_EDGES)
+            assert sum(hist) + totals["zeros"] == totals["values"]  # no inf or NaN here
+    fp16_run = token_mean.run("fp16-autocast")  # its activation gradients are fp16 already
+    assert fp16_run.act_totals["underflow"] == 0
+
+
+def test_unscaled_fp16_loses_gradients_that_the_scaler_keeps(accumulation):
+    """Loss / 4096: most fp32 activation gradients lie below fp16's range (measured)."""
+    s = accumulation
+    assert s.tokens_per_gradient == 4 * 16 * 4096 and "4,096" in s.description
+    assert s.fp32_act_underflow_share > 0.3
+    assert s.fp16_act_zero_share > 0.3
+    assert s.scaled_act_zero_share < s.fp16_act_zero_share / 10
+    assert s.fp16_param_zero_share > s.scaled_param_zero_share
+    scaled, fp32 = s.run("fp16-scaled"), s.run("fp32")
+    assert max(abs(x - y) for x, y in zip(scaled.loss, fp32.loss, strict=True)) < 0.05
+
+
+def test_grad_scaler_skips_steps_with_inf_gradients():
+    run = mixed.train("fp16-scaled", init_scale=2.0**40, **FAST)
+    assert run.skipped_steps == list(range(FAST["steps"]))  # 2^40 x the loss overflows fp16
+    assert run.nonfinite_grad_steps == run.skipped_steps
+    assert all(b == a / 2 for a, b in zip(run.scale, run.scale[1:], strict=False))
+    assert all(x is not None for x in run.loss)  # skipped, so the weights stay finite
+
+
+def test_memory_state_bytes_per_param_from_the_measurement():
+    rows = {r.mode: r for r in mixed.memory_by_mode("tiny", batch_size=2, seq_len=16,
+                                                    device="cpu")}
+    assert list(rows) == list(mixed.MODES)
+    for mode in ("fp32", "fp16-autocast", "fp16-scaled", "bf16-autocast"):
+        assert rows[mode].state_bytes_per_param == pytest.approx(16, abs=0.01)
+    assert rows["bf16-pure"].state_bytes_per_param == pytest.approx(8, abs=0.01)
+    assert rows["fp32"].how == "measured" and rows["fp32"].peak_ratio_to_fp32 == 1.0
+    # The two fp16 modes hold the same step; the scaler adds its own tensors.
+    a, s = rows["fp16-autocast"], rows["fp16-scaled"]
+    assert a.grad_scaler_bytes == 0 and s.grad_scaler_bytes == mixed.grad_scaler_bytes("cpu") > 0
+    assert s.peak_bytes == a.peak_bytes + s.grad_scaler_bytes
+    # The cast cache: one 16-bit copy of every Linear weight, measured from the casts.
+    model = mixed.build_model("tiny")
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    for mode in ("fp16-autocast", "bf16-autocast"):
+        assert rows[mode].weight_cast_cache_bytes == 2 * linear
+    assert rows["fp32"].weight_cast_cache_bytes == rows["bf16-pure"].weight_cast_cache_bytes == 0
+
+
+def test_bad_mode_names_fail_in_one_line():
+    accepted = "accepted: fp32, fp16-autocast, fp16-scaled, bf16-autocast, bf16-pure"
+    with pytest.raises(MemlabError, match=f"unknown mixed-precision mode 'fp8'; {accepted}$"):
+        mixed.train("fp8", **FAST)
+    with pytest.raises(MemlabError, match="unknown mixed-precision mode 'amp'") as info:
+        mixed.memory_by_mode("tiny", batch_size=1, seq_len=8, modes=["fp32", "amp"])
+    assert "\n" not in str(info.value)
+    with pytest.raises(MemlabError, match="unknown setting 'sum'; accepted: token-mean"):
+        mixed.train_setting("sum", **FAST)
+    with pytest.raises(MemlabError, match="fp8 matmul m must be a multiple of 16, got 100"):
+        mixed.fp8_matmul(100, 128, 128, device="cpu")
+
+
+def test_gpu_only_functions_say_not_measurable_on_cpu():
+    times = mixed.step_times("tiny", batch_size=1, seq_len=8, device="cpu")
+    assert times.status.startswith("not measurable on cpu: ") and times.rows == []
+    mm = mixed.fp8_matmul(256, 256, 256, device="cpu")
+    assert mm.status.startswith("not measurable on cpu: ")
+    assert mm.fp8_ms is None and mm.fp8_tflops is None and mm.status in mm.table()
+
+
+def test_c42_verdict_is_computed_from_numbers():
+    verdict = claims.CHECKS["C42"].fn()
+    assert claims.CHECKS["C42"].chapter == "chapters/02_number_formats"
+    assert verdict.verdict in claims.VERDICTS
+    ratios = [float(x) for x in re.findall(r"(\d\.\d\d) at batch \d", verdict.evidence)]
+    assert len(ratios) == 2 and "16.0 B/param" in verdict.evidence
+    halves = all(r <= 0.55 for r in ratios)
+    assert verdict.verdict == (claims.HOLDS if halves else claims.WRONG)
+    assert claims.CHECKS["C42"].fn() is verdict  # cached
+
+
+def test_experiment_runs_and_serialises(experiment):
+    result, record, path = experiment
+    body = json.loads(path.read_text())
+    assert body["experiment"] == "mixed-precision" and body["scale"] == "ci"
+    settings = {s["name"]: s for s in body["result"]["settings"]}
+    assert set(settings) == set(mixed.SETTINGS)
+    assert [r["mode"] for r in settings["token-mean"]["runs"]] == list(mixed.MODES)
+    assert body["result"]["fp16"]["min_subnormal"] == spec("fp16").min_subnormal
+    assert len(body["result"]["memory_large"]) == 2 * len(mixed.MODES)
+    assert body["result"]["step_times"]["status"].startswith("not measurable on cpu")
+    assert result.setting("accumulation").loss_divisor == ex.MIXED_SIZES["ci"]["accumulation"]
+    assert "fp16 would flush to zero" in result.table()
+
+
+def test_fp8_experiment_runs_on_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMLAB_DEVICE", "cpu")
+    result, record, path = memlab.experiments.run_experiment("fp8-matmul", "ci", tmp_path, command="test")
+    assert record.result["status"].startswith("not measurable on cpu")
+    assert json.loads(path.read_text())["result"]["fp8_ms"] is None
+
+
+def test_plots_return_figures_from_results_and_records(experiment):
+    result, record, _ = experiment
+    for res in (result, record.result):
+        fig = mplot.loss_curves(res)
+        assert isinstance(fig, Figure) and len(fig.axes) == 2
+        fig = mplot.gradient_histogram(res)
+        labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        assert any(label.startswith("fp16 min subnormal") for label in labels)
+        xs = {line.get_xdata()[0] for line in fig.axes[0].lines}
+        assert math.log2(spec("fp16").min_subnormal) in xs
+        assert isinstance(mplot.gradient_histogram(res, setting="accumulation",
+                                                   which="parameters"), Figure)
+        for which in ("small", "large"):
+            fig = mplot.memory_by_mode(res, which=which)
+            assert isinstance(fig, Figure)
+    with pytest.raises(MemlabError, match="unknown memory 'x'; accepted: small, large"):
+        mplot.memory_by_mode(result, which="x")
+
+
+def test_gpu_step_and_fp8_operands_work_on_any_device():
+    """The pieces the GPU timings call, run on the CPU: one step per mode, the fp8 operands."""
+    cfg = mixed.get_config("tiny", vocab_size=128)
+    for mode in mixed.MODES:
+        assert math.isfinite(float(mixed._step_fn(mode, cfg, 2, 8, 1e-3, torch.device("cpu"))()))
+    a, b, a8, b8, sa, sb = mixed._fp8_operands(64, 48, 32, torch.device("cpu"))
+    assert a8.dtype == b8.dtype == torch.float8_e4m3fn and b8.shape == (32, 48)
+    assert b8.stride() == (1, 32)  # column-major, as torch._scaled_mm requires
+    assert float((a8.float() * sa).sub(a).abs().max()) <= float(a.abs().max()) / 8
+    try:
+        c = mixed._fp8_mm(a8, b8, sa, sb)
+    except (RuntimeError, NotImplementedError):
+        pytest.skip("this torch build has no CPU kernel for torch._scaled_mm")
+    assert c.dtype == torch.bfloat16 and c.shape == (64, 48)
+    assert mixed._rel_error(c, a.double() @ b.double()) < 0.1
+
+
+def test_c14_verdict_is_computed_from_training():
+    from memlab.claims import VERDICTS, verdicts
+
+    (v,) = verdicts(["C14"])
+    assert v.verdict in VERDICTS
+    assert "fp32" in v.evidence and "256 in bf16" in v.evidence
