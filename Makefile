@@ -40,7 +40,7 @@ book: setup _build/.src-stamp
 	@$(BIN)/python scripts/notebook_times.py _build/.jupyter_cache | tee -a $(TIMINGS)
 
 lint: setup
-	$(BIN)/ruff check src tests scripts chapters labs appendix _ext
+	$(BIN)/ruff check src tests scripts chapters labs appendix _ext conftest.py
 	$(BIN)/lint-imports --no-cache
 
 # The inner loop: unit tests without the slow ones and without a built book.
