@@ -60,14 +60,14 @@ system:
 	@PYTHON=$(PYTHON) bash scripts/ensure_system.sh --browser
 
 # The book build executes each notebook once; one pytest run then checks the notebooks against
-# those executed copies (nbval, --nbval-executed: no second execution), runs the unit tests, the
+# the executed copies in jupyter-cache (nbval, --nbval-executed: no second execution), runs the unit tests, the
 # labs' student versions and the browser tests over the built HTML.
 test: setup system
 	@mkdir -p _build; rm -f $(TIMINGS)
 	@$(MAKE) --no-print-directory book
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory lint; \
-	MEMLAB_REQUIRE_HTML=1 $(BIN)/python -m pytest -p no:cacheprovider --nbval-executed _build/jupyter_execute \
+	MEMLAB_REQUIRE_HTML=1 $(BIN)/python -m pytest -p no:cacheprovider --nbval-executed _build/.jupyter_cache \
 	    --durations=15 chapters labs appendix tests 2>&1 | tee _build/pytest.log; \
 	echo "tests: $$(( $$(date +%s) - start )) s" | tee -a $(TIMINGS)
 

@@ -1,10 +1,12 @@
 """nbval over notebooks the book build already executed: each notebook runs once per `make test`.
 
 `jupyter-book build` executes every notebook (and keeps its widgets' state for the HTML) and
-writes the executed copies to ``_build/jupyter_execute``. With ``--nbval-executed DIR``, nbval's
-own collector, cell markers (``# NBVAL_CHECK_OUTPUT`` ...), sanitizers and output comparison
-check each notebook against those executed outputs instead of starting a kernel to run it a
-second time. Without the option, ``--nbval-lax`` runs the notebooks itself as usual.
+stores each executed notebook, outputs as the kernel sent them, in its jupyter-cache
+(``_build/.jupyter_cache``). With ``--nbval-executed DIR`` (that cache, or a folder of executed
+copies laid out like the sources), nbval's own collector, cell markers (``# NBVAL_CHECK_OUTPUT``
+...), sanitizers and output comparison check each notebook against those outputs instead of
+starting a kernel to run it a second time. Without the option, ``--nbval-lax`` runs the
+notebooks itself as usual.
 """
 
 from __future__ import annotations
@@ -66,12 +68,10 @@ def _replay_file_class():
 
         def setup(self):
             root = Path(self.config.rootpath)
-            copy = Path(self.config.option.nbval_executed)
-            copy = (copy if copy.is_absolute() else root / copy) / Path(self.path).relative_to(root)
-            if not copy.is_file():
-                raise pytest.UsageError(f"no executed copy of {self.path} at {copy}; build the "
-                                        "book first (make book)")
-            nb = read(str(copy), as_version=4)
+            folder = Path(self.config.option.nbval_executed)
+            folder = folder if folder.is_absolute() else root / folder
+            nb = _from_jupyter_cache(folder, Path(self.path)) if (folder / "global.db").is_file() \
+                else _from_folder(folder, root, Path(self.path), read)
             self.executed_cells = [c for c in nb.cells if c.cell_type == "code"]
             self.setup_sanitize_files()
 
@@ -84,3 +84,28 @@ def _replay_file_class():
                                                cell=item.cell, options=item.options)
 
     return ExecutedNotebook
+
+
+def _from_jupyter_cache(cache_dir: Path, notebook: Path):
+    """The executed notebook jupyter-cache holds for ``notebook``'s current code cells."""
+    from jupyter_cache import get_cache
+
+    cache = get_cache(str(cache_dir))
+    try:
+        record = cache.get_cached_project_nb(str(notebook.resolve()))
+    except (KeyError, ValueError):
+        record = None
+    if record is None:
+        raise pytest.UsageError(f"no executed copy of {notebook} in the jupyter-cache at "
+                                f"{cache_dir} (or its code changed since); build the book first "
+                                "(make book)")
+    return cache.get_cache_bundle(record.pk).nb
+
+
+def _from_folder(folder: Path, root: Path, notebook: Path, read):
+    """The executed copy at the same relative path under ``folder``."""
+    copy = folder / notebook.relative_to(root)
+    if not copy.is_file():
+        raise pytest.UsageError(f"no executed copy of {notebook} at {copy}; build the book "
+                                "first (make book)")
+    return read(str(copy), as_version=4)

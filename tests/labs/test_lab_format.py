@@ -427,23 +427,29 @@ def _execute(path: Path, cwd: Path, report: Path, monkeypatch) -> list[dict]:
 
 
 def _executed_checks(instructor: Path) -> list[dict] | None:
-    """The checks of the book build's executed copy of a lab, or None if there is no fresh one."""
+    """The checks of the book build's execution of a lab (jupyter-cache), or None if it has none."""
     from memlab.labs.grader import parse_check_line
 
-    copy = ROOT / "_build" / "jupyter_execute" / instructor.relative_to(ROOT)
-    if instructor.parent.name == "data" or not copy.is_file():
+    cache_dir = ROOT / "_build" / ".jupyter_cache"
+    if instructor.parent.name == "data" or not (cache_dir / "global.db").is_file():
         return None
-    source = [c for c in json.loads(instructor.read_text())["cells"] if c["cell_type"] == "code"]
-    executed = [c for c in json.loads(copy.read_text())["cells"] if c["cell_type"] == "code"]
-    if ["".join(c["source"]) for c in source] != ["".join(c["source"]) for c in executed]:
-        return None  # stale: the notebook changed since the build
+    from jupyter_cache import get_cache
+
+    cache = get_cache(str(cache_dir))
+    try:
+        record = cache.get_cached_project_nb(str(instructor.resolve()))
+    except (KeyError, ValueError):
+        record = None
+    if record is None:  # not built, or its code changed since the build
+        return None
     checks = []
-    for cell in executed:
-        for out in cell.get("outputs", []):
-            for line in "".join(out.get("text", "")).splitlines():
-                parsed = parse_check_line(line)
-                if parsed:
-                    checks.append({"exercise": parsed[0], "status": parsed[1]})
+    for cell in cache.get_cache_bundle(record.pk).nb.cells:
+        text = "".join("".join(o.get("text", "")) for o in cell.get("outputs", [])
+                       if o.get("output_type") == "stream")
+        for line in text.splitlines():
+            parsed = parse_check_line(line)
+            if parsed:
+                checks.append({"exercise": parsed[0], "status": parsed[1]})
     return checks
 
 

@@ -1,4 +1,4 @@
-"""Labs: autograded exercises, and the student versions of lab notebooks.
+"""Labs: autograded exercises, checked in the notebook; the student versions are in :mod:`memlab.labs.student`.
 
 An instructor defines a lab's exercises here in the library, never in the notebook, so
 that every expected value is computed by memlab at check time::
