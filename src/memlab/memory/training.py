@@ -418,25 +418,20 @@ def estimate(
             raise MemlabError("a StepSpec describes a whole training step: pass no batch_size, "
                               "seq_len or mode with it")
         spec = model
-    elif mode == "train":
-        spec = StepSpec(model, batch_size=batch_size, seq_len=seq_len, precision=precision,
-                        optimizer=optimizer, optimizer_impl=optimizer_impl,
-                        checkpointing=checkpointing, grad_accum_steps=grad_accum_steps,
-                        attention=attention)
-    if mode == "train":
-        cfg, batch_size, seq_len = spec.config, spec.batch_size, spec.seq_len
-        precision, optimizer, optimizer_impl = spec.precision, spec.optimizer, spec.optimizer_impl
-        checkpointing, grad_accum_steps = spec.checkpointing, spec.grad_accum_steps
-    else:
+    elif mode == "inference":
         cfg = _check_inference(model, batch_size, seq_len, precision, attention)
-    if mode == "inference":
         if checkpointing or grad_accum_steps != 1:
             raise MemlabError("checkpointing and grad_accum_steps are training switches; "
                               "mode 'inference' accepts precision, batch_size, seq_len, new_tokens")
         return _estimate_inference(cfg, batch_size, seq_len, precision, new_tokens)
-    if seq_len > cfg.max_seq_len:
-        raise MemlabError(f"seq_len {seq_len} exceeds max_seq_len {cfg.max_seq_len} of model "
-                          f"{cfg.name!r}")
+    else:  # every switch of a training step checked once, as trace_step and measure_step check it
+        spec = StepSpec(model, batch_size=batch_size, seq_len=seq_len, precision=precision,
+                        optimizer=optimizer, optimizer_impl=optimizer_impl,
+                        checkpointing=checkpointing, grad_accum_steps=grad_accum_steps,
+                        attention=attention)
+    cfg, batch_size, seq_len = spec.config, spec.batch_size, spec.seq_len
+    precision, optimizer, optimizer_impl = spec.precision, spec.optimizer, spec.optimizer_impl
+    checkpointing, grad_accum_steps = spec.checkpointing, spec.grad_accum_steps
     B, T = batch_size, seq_len
     BT = B * T
     n = cfg.num_parameters()
