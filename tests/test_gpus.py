@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from memlab.errors import MemlabError
-from memlab.gpus import CATALOGUE, GPU, GPU_NAMES, catalogue_table, fit_table, fits, get_gpu
+from memlab.gpus import (
+    CATALOGUE,
+    GPU,
+    GPU_NAMES,
+    RESERVED_BYTES,
+    catalogue_table,
+    fit_table,
+    fits,
+    get_gpu,
+)
 
 MiB, GiB = 2**20, 2**30
 
@@ -25,19 +34,24 @@ def test_nominal_bytes_read_the_label_in_its_unit(gpu):
 
 
 @pytest.mark.parametrize("gpu", CATALOGUE, ids=GPU_NAMES)
-def test_usable_is_below_nominal_but_above_the_label_in_decimal_gb(gpu):
+def test_total_is_below_nominal_but_above_the_label_in_decimal_gb(gpu):
     """Why the label is binary: nvidia-smi reports more than the label read as 10^9 bytes."""
     number = int(gpu.memory_label.split()[0])
-    assert number * 10**9 < gpu.usable_bytes <= gpu.memory_bytes
-    assert gpu.usable_bytes % MiB == 0  # nvidia-smi reports whole MiB
-    assert gpu.usable_source.startswith("https://")
+    assert number * 10**9 < gpu.total_bytes <= gpu.memory_bytes
+    assert gpu.total_bytes % MiB == 0  # nvidia-smi reports whole MiB
+    assert gpu.total_source.startswith("https://")
+
+
+@pytest.mark.parametrize("gpu", CATALOGUE, ids=GPU_NAMES)
+def test_usable_is_the_total_minus_the_one_stated_reserve(gpu):
+    assert gpu.usable_bytes == gpu.total_bytes - RESERVED_BYTES < gpu.total_bytes
 
 
 def test_recorded_nvidia_smi_totals():
-    assert get_gpu("T4").usable_bytes == 15_360 * MiB == 15 * GiB
-    assert get_gpu("A100-80GB").usable_bytes == get_gpu("A100-80GB").memory_bytes
-    assert get_gpu("H100").usable_bytes == 81_559 * MiB
-    assert get_gpu("H200").usable_bytes == 143_771 * MiB
+    assert get_gpu("T4").total_bytes == 15_360 * MiB == 15 * GiB
+    assert get_gpu("A100-80GB").total_bytes == get_gpu("A100-80GB").memory_bytes
+    assert get_gpu("H100").total_bytes == 81_559 * MiB
+    assert get_gpu("H200").total_bytes == 143_771 * MiB
 
 
 def test_features():
@@ -61,11 +75,13 @@ def test_unknown_gpu_is_a_one_line_error_naming_the_accepted(bad):
     assert all(name in msg for name in GPU_NAMES)
 
 
-def test_usable_defaults_to_nominal_without_a_documented_figure():
+def test_total_defaults_to_nominal_without_a_documented_figure():
     g = GPU("X", 8 * GiB, "8 GB", "GiB", "GDDR6", True, True, "https://example.com")
-    assert g.usable_bytes == g.memory_bytes and g.usable_source == ""
-    with pytest.raises(MemlabError, match="usable_bytes"):
-        GPU("X", 8 * GiB, "8 GB", "GiB", "GDDR6", True, True, "u", usable_bytes=9 * GiB)
+    assert g.total_bytes == g.memory_bytes and g.total_source == ""
+    with pytest.raises(MemlabError, match="total_bytes"):
+        GPU("X", 8 * GiB, "8 GB", "GiB", "GDDR6", True, True, "u", total_bytes=9 * GiB)
+    with pytest.raises(MemlabError, match="reserve"):
+        GPU("X", 8 * GiB, "8 GB", "GiB", "GDDR6", True, True, "u", total_bytes=RESERVED_BYTES)
     with pytest.raises(MemlabError, match="memory_unit"):
         GPU("X", 8 * GiB, "8 GB", "GB?", "GDDR6", True, True, "u")
 
@@ -74,11 +90,11 @@ def test_fits_at_the_boundary_and_with_headroom():
     t4 = get_gpu("T4")
     assert fits(t4.usable_bytes, t4)
     assert not fits(t4.usable_bytes + 1, "T4")
-    assert fits(14 * GiB, "T4")
-    assert not fits(14 * GiB, "T4", headroom_bytes=GiB + 1)
+    assert fits(13 * GiB, "T4")
+    assert not fits(13 * GiB, "T4", headroom_bytes=GiB + 1)
     assert fits(0, "H200")
-    # 16 GB of decimal bytes fits on a "16 GB" T4; 16 GiB does not.
-    assert fits(16 * 10**9, "T4") and not fits(16 * GiB, "T4")
+    # the nvidia-smi total does not fit: the reserve is kept back
+    assert not fits(t4.total_bytes, "T4") and fits(t4.total_bytes - RESERVED_BYTES, "T4")
 
 
 @pytest.mark.parametrize("peak, headroom", [(-1, 0), (1.5e9, -2), ("10", 0), (True, 0),
@@ -119,8 +135,9 @@ def test_catalogue_table():
     table = catalogue_table()
     assert list(table.index) == list(GPU_NAMES)
     assert table.loc["A100-80GB", "nominal (GiB)"] == 80
-    assert table.loc["A100-80GB", "usable (GiB)"] == 80
-    assert table.loc["T4", "usable (GiB)"] == 15
+    assert table.loc["A100-80GB", "nvidia-smi total (GiB)"] == 80
+    assert table.loc["A100-80GB", "usable (GiB)"] == 79
+    assert table.loc["T4", "usable (GiB)"] == 14
     assert table.loc["H200", "nominal (GB)"] == pytest.approx(151.4, abs=0.1)
 
 

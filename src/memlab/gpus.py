@@ -4,9 +4,15 @@ Two capacities per GPU, both in bytes:
 
 * ``memory_bytes``: the vendor's nominal capacity, the "16 GB" or "80GB" of the spec page,
   read in the unit named by ``memory_unit``.
-* ``usable_bytes``: the total that ``nvidia-smi`` (NVML) reports for the card, as tabulated
+* ``total_bytes``: the total that ``nvidia-smi`` (NVML) reports for the card, as tabulated
   for the cards at Modal in "Why does an NVIDIA H100 80GB card offer 85.52 GB?"
   (https://thundergolfer.com/blog/nvidia-gpu-memory-capacity).
+
+and one derived from them, the book's single definition of what a training job can use:
+
+* ``usable_bytes`` = ``total_bytes`` - :data:`RESERVED_BYTES`: the nvidia-smi total minus a
+  stated reserve for what no tensor of the job can have (the part of the total CUDA itself
+  keeps, the CUDA context with its loaded kernels, cuBLAS workspaces) and for allocator slack.
 
 What NVIDIA's "GB" means. For every GPU here the total nvidia-smi reports is *larger* than
 the label read as GB (10^9 bytes): 15,360 MiB on a "16 GB" T4 is 16.1e9 bytes, 81,559 MiB on
@@ -23,8 +29,11 @@ https://upb-pc2.atlassian.net/wiki/spaces/PC2DOK/pages/1900609/NVIDIA+A100+40GB+
 15,102 or 15,110 MiB on a T4 depending on the driver (deviceQuery outputs in
 https://gist.github.com/Terminus-IMRC/5e4b7782c27106dec287050b323cd059 and
 https://chiemon.github.io/2024/12/25/%E6%98%BE%E5%8D%A1%E4%BF%A1%E6%81%AF.html), and the CUDA
-context takes a few hundred MiB more. :func:`fits` compares with ``usable_bytes`` and takes a
-``headroom_bytes`` argument for the rest.
+context takes a few hundred MiB more. The reserve is a stated allowance, not a measurement:
+:data:`RESERVED_BYTES` is 1 GiB, which covers the documented gaps above (519 MiB between
+nvidia-smi and CUDA on the A100 40GB, plus a context of a few hundred MiB). On a GPU, measure
+your own with ``torch.cuda.mem_get_info()`` after the first CUDA call. :func:`fits` compares
+with ``usable_bytes``; its ``headroom_bytes`` argument adds a margin of your own on top.
 """
 
 from __future__ import annotations
@@ -35,24 +44,26 @@ from numbers import Real
 from memlab.errors import MemlabError, check_choice, require
 from memlab.units import UNITS, to_unit
 
-USABLE_SOURCE = "https://thundergolfer.com/blog/nvidia-gpu-memory-capacity"
+TOTAL_SOURCE = "https://thundergolfer.com/blog/nvidia-gpu-memory-capacity"
 FA2_SOURCE = "https://github.com/Dao-AILab/flash-attention"  # FlashAttention-2 needs sm80+
 CUDA_SOURCE = "https://developer.nvidia.com/cuda-gpus"  # compute capability of each GPU
 # Tensor-core input formats as each datasheet (the GPU's ``source``) lists its peak rates:
 # Turing (T4) fp16/int8/int4; Ampere (A100) adds tf32 and bf16; Ada (L4) and Hopper (H100,
 # H200) add fp8 (e4m3 and e5m2), and Hopper lists no int4.
 MiB = 2**20
+RESERVED_BYTES = 2**30  # stated reserve: CUDA's own share, the context, allocator slack (bytes)
 
 
 @dataclass(frozen=True)
 class GPU:
-    """One GPU model: nominal and usable memory in bytes, and the features training needs.
+    """One GPU model: nominal, total and usable memory in bytes, and the features training needs.
 
     ``bf16_tensor_cores``: tensor cores that multiply bfloat16 (Ampere and later; Turing's
     do fp16 only). ``flash_attention_2``: supported by the flash-attn package (compute
-    capability 8.0 or later; FlashAttention-2 does not run on Turing). ``usable_bytes``
+    capability 8.0 or later; FlashAttention-2 does not run on Turing). ``total_bytes``
     defaults to the nominal capacity when no documented figure exists, and
-    ``usable_source`` then stays empty.
+    ``total_source`` then stays empty. ``usable_bytes`` is ``total_bytes`` minus
+    :data:`RESERVED_BYTES`.
     """
 
     name: str
@@ -63,18 +74,24 @@ class GPU:
     bf16_tensor_cores: bool
     flash_attention_2: bool
     source: str  # URL of the vendor's spec page
-    usable_bytes: int | None = None  # total reported by nvidia-smi; None: the nominal value
-    usable_source: str = ""  # where usable_bytes comes from ('' when it is the nominal value)
+    total_bytes: int | None = None  # total reported by nvidia-smi; None: the nominal value
+    total_source: str = ""  # where total_bytes comes from ('' when it is the nominal value)
     compute_capability: str = ""  # CUDA compute capability, e.g. '8.0' (CUDA_SOURCE)
     tensor_core_formats: tuple[str, ...] = ()  # input formats its tensor cores multiply (datasheet)
 
     def __post_init__(self) -> None:
         check_choice("memory_unit", self.memory_unit, ("GiB", "GB"))
-        if self.usable_bytes is None:
-            object.__setattr__(self, "usable_bytes", self.memory_bytes)
-        if not 0 < self.usable_bytes <= self.memory_bytes:
-            raise MemlabError(f"usable_bytes of GPU {self.name!r} must be positive and at most "
-                              f"its memory_bytes ({self.memory_bytes}), got {self.usable_bytes}")
+        if self.total_bytes is None:
+            object.__setattr__(self, "total_bytes", self.memory_bytes)
+        if not RESERVED_BYTES < self.total_bytes <= self.memory_bytes:
+            raise MemlabError(f"total_bytes of GPU {self.name!r} must be above the reserve "
+                              f"({RESERVED_BYTES}) and at most its memory_bytes "
+                              f"({self.memory_bytes}), got {self.total_bytes}")
+
+    @property
+    def usable_bytes(self) -> int:
+        """What a job's tensors can use: the nvidia-smi total minus RESERVED_BYTES, bytes (chapter: 1)."""
+        return self.total_bytes - RESERVED_BYTES
 
     @property
     def column(self) -> str:
@@ -89,28 +106,28 @@ def _gib(n: int) -> int:
 CATALOGUE: tuple[GPU, ...] = (
     GPU("T4", _gib(16), "16 GB", "GiB", "GDDR6", bf16_tensor_cores=False,
         flash_attention_2=False, source="https://www.nvidia.com/en-us/data-center/tesla-t4/",
-        usable_bytes=15_360 * MiB, usable_source=USABLE_SOURCE,
+        total_bytes=15_360 * MiB, total_source=TOTAL_SOURCE,
         compute_capability="7.5", tensor_core_formats=("fp16", "int8", "int4")),
     GPU("L4", _gib(24), "24 GB", "GiB", "GDDR6", bf16_tensor_cores=True,
         flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/l4/",
-        usable_bytes=23_034 * MiB, usable_source=USABLE_SOURCE,
+        total_bytes=23_034 * MiB, total_source=TOTAL_SOURCE,
         compute_capability="8.9", tensor_core_formats=("tf32", "bf16", "fp16", "fp8", "int8", "int4")),
     GPU("A100-40GB", _gib(40), "40 GB", "GiB", "HBM2", bf16_tensor_cores=True,
         flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/a100/",
-        usable_bytes=40_960 * MiB, usable_source=USABLE_SOURCE,
+        total_bytes=40_960 * MiB, total_source=TOTAL_SOURCE,
         compute_capability="8.0", tensor_core_formats=("tf32", "bf16", "fp16", "int8", "int4")),
     GPU("A100-80GB", _gib(80), "80 GB", "GiB", "HBM2e", bf16_tensor_cores=True,
         flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/a100/",
-        usable_bytes=81_920 * MiB, usable_source=USABLE_SOURCE,
+        total_bytes=81_920 * MiB, total_source=TOTAL_SOURCE,
         compute_capability="8.0", tensor_core_formats=("tf32", "bf16", "fp16", "int8", "int4")),
     # The SXM part; the H100 NVL has 94 GB.
     GPU("H100", _gib(80), "80 GB", "GiB", "HBM3", bf16_tensor_cores=True,
         flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/h100/",
-        usable_bytes=81_559 * MiB, usable_source=USABLE_SOURCE,
+        total_bytes=81_559 * MiB, total_source=TOTAL_SOURCE,
         compute_capability="9.0", tensor_core_formats=("tf32", "bf16", "fp16", "fp8", "int8")),
     GPU("H200", _gib(141), "141 GB", "GiB", "HBM3e", bf16_tensor_cores=True,
         flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/h200/",
-        usable_bytes=143_771 * MiB, usable_source=USABLE_SOURCE,
+        total_bytes=143_771 * MiB, total_source=TOTAL_SOURCE,
         compute_capability="9.0", tensor_core_formats=("tf32", "bf16", "fp16", "fp8", "int8")),
 )
 
@@ -162,7 +179,7 @@ def fit_table(rows: dict[str, int], gpus=CATALOGUE, headroom_bytes: int = 0):
 
 
 def catalogue_table(gpus=CATALOGUE):
-    """A pandas DataFrame of the catalogue: label, nominal and usable GiB and GB, features (chapter: 1)."""
+    """A pandas DataFrame of the catalogue: label, nominal, nvidia-smi total and usable memory, features (chapter: 1)."""
     pd = require("pandas", "catalogue_table", extra="notebook")
     rows = {}
     for gpu in (get_gpu(g) for g in gpus):
@@ -172,6 +189,7 @@ def catalogue_table(gpus=CATALOGUE):
             "label means": gpu.memory_unit,
             "nominal (GiB)": to_unit(gpu.memory_bytes, "GiB"),
             "nominal (GB)": to_unit(gpu.memory_bytes, "GB"),
+            "nvidia-smi total (GiB)": to_unit(gpu.total_bytes, "GiB"),
             "usable (GiB)": to_unit(gpu.usable_bytes, "GiB"),
             "usable (GB)": to_unit(gpu.usable_bytes, "GB"),
             "bf16 tensor cores": gpu.bf16_tensor_cores,
