@@ -1,28 +1,61 @@
 import pytest
 
-from memlab.claims import CAVEAT, HOLDS, WRONG, judge, table
+from memlab.claims import (
+    CAVEAT,
+    HOLDS,
+    NOT_JUDGED,
+    WRONG,
+    judge,
+    level,
+    not_judged,
+    sensitivity,
+    table,
+)
 from memlab.errors import MemlabError
 
 
-def test_judge_maps_truth_to_verdicts():
+def test_judge_maps_computed_truths_to_levels():
     assert judge("a", True, "1 = 1").verdict == HOLDS
-    v = judge("b", True, "x", caveat="only in fp32", claim="C05")
+    v = judge("b", True, "x", caveat="only in fp32", caveat_applies=True, claim="C05")
     assert (v.verdict, v.note, v.claim) == (CAVEAT, "only in fp32", "C05")
-    w = judge("c", False, "2 != 3", correction="it is 16 bytes")
+    plain = judge("b", True, "x", caveat="only in fp32", caveat_applies=False)
+    assert (plain.verdict, plain.note) == (HOLDS, "")  # a caveat's text alone never lowers it
+    w = judge("c", False, "2 != 3", correction="it is 16 bytes", caveat="c", caveat_applies=True)
     assert (w.verdict, w.note) == (WRONG, "it is 16 bytes")
+    assert [level(True), level(True, True), level(False, True)] == [HOLDS, CAVEAT, WRONG]
 
 
-def test_judge_refuses_typed_in_verdicts():
+def test_judge_refuses_typed_in_levels():
     with pytest.raises(MemlabError, match="holds must be True or False"):
         judge("a", "holds", "typed")
+    with pytest.raises(MemlabError, match="caveat_applies must be True or False"):
+        judge("a", True, "e", caveat="always")  # whether it applies must be computed
+    with pytest.raises(MemlabError, match="no caveat text"):
+        judge("a", True, "e", caveat_applies=True)
+
+
+def test_not_judged_needs_a_reason():
+    v = not_judged("s", "roofline only", "no GPU timing recorded")
+    assert (v.verdict, v.note) == (NOT_JUDGED, "no GPU timing recorded")
+    with pytest.raises(MemlabError, match="must say why"):
+        not_judged("s", "e", "")
+
+
+def test_sensitivity_names_the_thresholds_that_change_the_level():
+    def decide(ev):
+        return judge("", ev["x"] <= ev["tol"], "e")
+
+    text = sensitivity(decide, {"x": 0.2, "tol": 0.1}, "tol", (0.05, 0.25, 0.5),
+                       lambda t: f"{t:.0%}")
+    assert text == "would be holds with 25% or 50%; the same with 5%"
 
 
 def test_table_columns():
     df = table([judge("a", True, "e"), judge("b", False, "f", correction="g")])
     assert list(df.columns) == ["statement", "verdict", "evidence", "note"]
     assert list(df["verdict"]) == [HOLDS, WRONG]
-    df2 = table([judge("a", True, "e", claim="C01")])
-    assert list(df2.columns) == ["claim", "statement", "verdict", "evidence"]
+    df2 = table([judge("a", True, "e", claim="C01", sensitivity="s")])
+    assert list(df2.columns) == ["claim", "statement", "verdict", "evidence", "sensitivity"]
 
 
 def test_every_registered_claim_computes_a_verdict():
@@ -33,6 +66,13 @@ def test_every_registered_claim_computes_a_verdict():
     assert {"C01", "C02", "C03", "C04", "C05", "C39", "C41"} <= set(CHECKS)
     for v in results:
         assert v.verdict in VERDICTS and v.evidence and v.statement
-        assert v.verdict == "holds" or v.note  # a caveat or a correction is always stated
+        assert v.verdict == "holds" or v.note  # a caveat, a correction or a reason is stated
     with pytest.raises(MemlabError, match="unknown claim"):
         verdicts(["C99"])
+
+
+def test_register_needs_an_evidence_function():
+    from memlab.claims import register
+
+    with pytest.raises(MemlabError, match="evidence of claim C98"):
+        register("C98", "chapters/00_toolkit", "s", evidence=None)

@@ -153,3 +153,25 @@ def test_tensor_core_formats_agree_with_the_bf16_flag():
     table = tensor_core_table()
     assert table.loc["T4", "bf16"] == "✗" and table.loc["H100", "fp8"] == "✓"
     assert (table["fp32"] == "✗").all()
+
+
+def test_quoted_peaks_and_the_roofline():
+    from memlab.gpus import compute_bound_from, roofline_matmul_s
+
+    for gpu in CATALOGUE:
+        peaks = dict(gpu.peak_tera_ops)
+        sixteen = peaks.get("bf16", peaks.get("fp16"))
+        assert peaks["int8"] == pytest.approx(2 * sixteen, rel=0.01)  # int8 at twice 16-bit's rate
+        assert gpu.bandwidth_bytes_per_s > 0
+    h100 = get_gpu("H100")
+    # one token is bound by reading the weights: int8 weights take half bf16's time
+    t16 = roofline_matmul_s(h100, 1, 8192, 8192, compute="bf16", weight_bytes=2)
+    t8 = roofline_matmul_s(h100, 1, 8192, 8192, compute="bf16", weight_bytes=1)
+    assert t8 / t16 == pytest.approx(0.5, abs=1e-3)
+    m = compute_bound_from(h100, 8192, 8192, compute="bf16", weight_bytes=2)
+    assert 2 * m * 8192 * 8192 / h100.peak_ops("bf16") >= roofline_matmul_s(
+        h100, m, 8192, 8192, compute="bf16", weight_bytes=2) - 1e-15
+    with pytest.raises(MemlabError, match="tensor-core format of T4"):
+        get_gpu("T4").peak_ops("bf16")
+    with pytest.raises(MemlabError, match="tokens must be a positive integer"):
+        roofline_matmul_s(h100, 0, 8, 8, compute="bf16", weight_bytes=2)

@@ -78,6 +78,16 @@ class GPU:
     total_source: str = ""  # where total_bytes comes from ('' when it is the nominal value)
     compute_capability: str = ""  # CUDA compute capability, e.g. '8.0' (CUDA_SOURCE)
     tensor_core_formats: tuple[str, ...] = ()  # input formats its tensor cores multiply (datasheet)
+    # Dense tensor-core peaks, 10^12 operations/s, as the datasheet lists them (its sparsity
+    # figures halved), and the memory bandwidth in bytes/s: quoted, never measured here.
+    peak_tera_ops: tuple[tuple[str, float], ...] = ()
+    bandwidth_bytes_per_s: float = 0.0
+
+    def peak_ops(self, fmt: str) -> float:
+        """Dense tensor-core peak for a format, operations/s, quoted from the datasheet (chapter: 3)."""
+        table = dict(self.peak_tera_ops)
+        check_choice(f"tensor-core format of {self.name}", fmt, tuple(table))
+        return table[fmt] * 1e12
 
     def __post_init__(self) -> None:
         check_choice("memory_unit", self.memory_unit, ("GiB", "GB"))
@@ -107,28 +117,39 @@ CATALOGUE: tuple[GPU, ...] = (
     GPU("T4", _gib(16), "16 GB", "GiB", "GDDR6", bf16_tensor_cores=False,
         flash_attention_2=False, source="https://www.nvidia.com/en-us/data-center/tesla-t4/",
         total_bytes=15_360 * MiB, total_source=TOTAL_SOURCE,
-        compute_capability="7.5", tensor_core_formats=("fp16", "int8", "int4")),
+        compute_capability="7.5", tensor_core_formats=("fp16", "int8", "int4"),
+        peak_tera_ops=(("fp16", 65.0), ("int8", 130.0)), bandwidth_bytes_per_s=320e9),
     GPU("L4", _gib(24), "24 GB", "GiB", "GDDR6", bf16_tensor_cores=True,
         flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/l4/",
         total_bytes=23_034 * MiB, total_source=TOTAL_SOURCE,
-        compute_capability="8.9", tensor_core_formats=("tf32", "bf16", "fp16", "fp8", "int8", "int4")),
+        compute_capability="8.9", tensor_core_formats=("tf32", "bf16", "fp16", "fp8", "int8", "int4"),
+        peak_tera_ops=(("bf16", 121.0), ("fp16", 121.0), ("int8", 242.5)),
+        bandwidth_bytes_per_s=300e9),
     GPU("A100-40GB", _gib(40), "40 GB", "GiB", "HBM2", bf16_tensor_cores=True,
         flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/a100/",
         total_bytes=40_960 * MiB, total_source=TOTAL_SOURCE,
-        compute_capability="8.0", tensor_core_formats=("tf32", "bf16", "fp16", "int8", "int4")),
+        compute_capability="8.0", tensor_core_formats=("tf32", "bf16", "fp16", "int8", "int4"),
+        peak_tera_ops=(("bf16", 312.0), ("fp16", 312.0), ("int8", 624.0)),
+        bandwidth_bytes_per_s=1_555e9),
     GPU("A100-80GB", _gib(80), "80 GB", "GiB", "HBM2e", bf16_tensor_cores=True,
         flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/a100/",
         total_bytes=81_920 * MiB, total_source=TOTAL_SOURCE,
-        compute_capability="8.0", tensor_core_formats=("tf32", "bf16", "fp16", "int8", "int4")),
+        compute_capability="8.0", tensor_core_formats=("tf32", "bf16", "fp16", "int8", "int4"),
+        peak_tera_ops=(("bf16", 312.0), ("fp16", 312.0), ("int8", 624.0)),
+        bandwidth_bytes_per_s=2_039e9),
     # The SXM part; the H100 NVL has 94 GB.
     GPU("H100", _gib(80), "80 GB", "GiB", "HBM3", bf16_tensor_cores=True,
         flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/h100/",
         total_bytes=81_559 * MiB, total_source=TOTAL_SOURCE,
-        compute_capability="9.0", tensor_core_formats=("tf32", "bf16", "fp16", "fp8", "int8")),
+        compute_capability="9.0", tensor_core_formats=("tf32", "bf16", "fp16", "fp8", "int8"),
+        peak_tera_ops=(("bf16", 989.5), ("fp16", 989.5), ("fp8", 1979.0), ("int8", 1979.0)),
+        bandwidth_bytes_per_s=3.35e12),
     GPU("H200", _gib(141), "141 GB", "GiB", "HBM3e", bf16_tensor_cores=True,
         flash_attention_2=True, source="https://www.nvidia.com/en-us/data-center/h200/",
         total_bytes=143_771 * MiB, total_source=TOTAL_SOURCE,
-        compute_capability="9.0", tensor_core_formats=("tf32", "bf16", "fp16", "fp8", "int8")),
+        compute_capability="9.0", tensor_core_formats=("tf32", "bf16", "fp16", "fp8", "int8"),
+        peak_tera_ops=(("bf16", 989.5), ("fp16", 989.5), ("fp8", 1979.0), ("int8", 1979.0)),
+        bandwidth_bytes_per_s=4.8e12),
 )
 
 GPU_NAMES = tuple(g.name for g in CATALOGUE)
@@ -215,3 +236,46 @@ def tensor_core_table(gpus=CATALOGUE):
         row.update({f: ("✓" if f in gpu.tensor_core_formats else "✗") for f in TENSOR_CORE_COLUMNS})
         rows[gpu.name] = row
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def roofline_matmul_s(gpu: str | GPU, tokens: int, d_in: int, d_out: int, *, compute: str,
+                      weight_bytes: float, activation_bytes: float = 2.0,
+                      out_bytes: float = 2.0) -> float:
+    """Roofline time of y = x W for one layer, seconds: the larger of its FLOPs at the dense peak and its bytes at the bandwidth (chapter: 3).
+
+    ``compute`` is the tensor-core format the multiply runs in; ``weight_bytes`` per weight
+    (2 for bf16, 1 for int8, 0.5 for 4-bit codes), ``activation_bytes`` per input value and
+    ``out_bytes`` per output value. An estimate from quoted peaks: real kernels reach less.
+    """
+    g = get_gpu(gpu)
+    for name, v in (("tokens", tokens), ("d_in", d_in), ("d_out", d_out)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise MemlabError(f"{name} must be a positive integer, got {v!r}")
+    if not g.bandwidth_bytes_per_s:
+        raise MemlabError(f"GPU {g.name} has no quoted bandwidth; accepted: "
+                          + ", ".join(x.name for x in CATALOGUE if x.bandwidth_bytes_per_s))
+    flops = 2 * tokens * d_in * d_out
+    moved = d_in * d_out * weight_bytes + tokens * (d_in * activation_bytes + d_out * out_bytes)
+    return max(flops / g.peak_ops(compute), moved / g.bandwidth_bytes_per_s)
+
+
+def compute_bound_from(gpu: str | GPU, d_in: int, d_out: int, *, compute: str,
+                       weight_bytes: float) -> int:
+    """Fewest tokens at which y = x W becomes compute-bound on the roofline (chapter: 3)."""
+    lo, hi = 1, 1 << 20
+    if not _compute_bound(gpu, hi, d_in, d_out, compute, weight_bytes):
+        return hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _compute_bound(gpu, mid, d_in, d_out, compute, weight_bytes):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _compute_bound(gpu, tokens, d_in, d_out, compute, weight_bytes) -> bool:
+    g = get_gpu(gpu)
+    flops_s = 2 * tokens * d_in * d_out / g.peak_ops(compute)
+    return flops_s >= roofline_matmul_s(g, tokens, d_in, d_out, compute=compute,
+                                        weight_bytes=weight_bytes)

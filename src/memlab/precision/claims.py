@@ -1,4 +1,9 @@
-"""Chapter 2's claims, each judged from a computed result."""
+"""Chapter 2's claims: each ``evidence()`` computes the numbers, each ``decide(ev)`` the level.
+
+A claim made of several parts *holds* when every part does, *holds with a caveat* when the
+part that carries it holds and another part does not (the caveat names which), and is
+*wrong* when its main part fails.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,6 @@ from memlab.precision.formats import (
     probe_formats,
     relative_error,
     round_to,
-    same_number,
     spec,
     storage_bytes,
     thresholds,
@@ -27,213 +31,336 @@ _CH2 = "chapters/02_number_formats"
 def g(x: float) -> str:
     return f"{x:.4g}"
 
-@claims.register("C06", _CH2, "fp16 and bf16 halve memory compared with fp32; int8 and fp8 "
-                 "cut it to a quarter.")
-def c06():
+
+# C06 -------------------------------------------------------------------------------------------
+def c06_evidence() -> dict:
+    """Storage bytes per value of each format, and int8's with one fp32 scale per 4,096-value row (chapter: 2)."""
+    from memlab.quant.functional import bits_per_parameter
+
     per = {f: storage_bytes(f) for f in ("fp32", "fp16", "bf16", "fp8-e4m3", "int8")}
-    ratios = {f: per[f] / per["fp32"] for f in per}
-    halves = ratios["fp16"] == ratios["bf16"] == 0.5
-    quarter = ratios["fp8-e4m3"] == ratios["int8"] == 0.25
+    row = get_config("llama2-7b").d_model  # one scale per row of a 7B model's square projection
+    return dict(per=per, int8_with_scales=bits_per_parameter("int8", blocksize=row) / 8,
+                row=row, tolerance=0.01)
+
+
+@claims.register("C06", _CH2, "fp16 and bf16 halve memory compared with fp32; int8 and fp8 "
+                 "cut it to a quarter.", evidence=c06_evidence)
+def c06(ev: dict) -> claims.Verdict:
+    """Exact for the stored values; the caveat applies if scales move int8 beyond 1% of a quarter."""
+    per = ev["per"]
+    r = {f: v / per["fp32"] for f, v in per.items()}
+    scaled = ev["int8_with_scales"] / per["fp32"]
     return claims.judge(
-        "", halves and quarter,
-        "measured storage bytes/value: " + ", ".join(f"{f} {v:g}" for f, v in per.items()),
-        caveat="for the stored tensors themselves; an int8 or fp8 tensor needs scales too "
-               "(chapter 3), and a training step keeps fp32 copies under mixed precision "
-               "(claim C42)")
+        "", r["fp16"] == r["bf16"] == 0.5 and r["fp8-e4m3"] == r["int8"] == 0.25,
+        "measured storage bytes/value: " + ", ".join(f"{f} {v:g}" for f, v in per.items())
+        + f"; int8 with one fp32 scale per row of {ev['row']:,}: {ev['int8_with_scales']:.4f} "
+        f"bytes/value, {scaled:.4f} of fp32",
+        caveat_applies=abs(scaled / 0.25 - 1) > ev["tolerance"],
+        caveat=(f"for the stored values; with its scales int8 takes {scaled:.3f} of fp32, "
+                f"more than {ev['tolerance']:.0%} over a quarter"),
+        correction="the stored values do not take these fractions of fp32")
+
+
+# C07 -------------------------------------------------------------------------------------------
+def c07_evidence() -> dict:
+    """bf16 and fp32's exponent bits, normal and subnormal ranges, and where fp32's top lands in bf16 (chapter: 2)."""
+    b, f = thresholds("bf16"), thresholds("fp32")
+    return dict(exp_bits={"bf16": spec("bf16").exponent_bits, "fp32": spec("fp32").exponent_bits},
+                min_normal={"bf16": b.min_normal, "fp32": f.min_normal},
+                min_subnormal={"bf16": b.min_subnormal, "fp32": f.min_subnormal},
+                max={"bf16": b.max, "fp32": f.max}, fp32_max_in_bf16=round_to(f.max, "bf16"),
+                overflow_from=b.overflow_from, overflow_to=b.overflow_to)
+
 
 @claims.register("C07", _CH2, "bf16 has the same dynamic range as fp32, which prevents "
-                 "overflow when converting from fp32.")
-def c07():
-    b, f = thresholds("bf16"), thresholds("fp32")
-    same_normal_range = (spec("bf16").exponent_bits == spec("fp32").exponent_bits
-                         and b.min_normal == f.min_normal)
-    top = round_to(f.max, "bf16")
+                 "overflow when converting from fp32.", evidence=c07_evidence)
+def c07(ev: dict) -> claims.Verdict:
+    """Same normal range holds; the caveat applies if any finite fp32 value overflows in bf16."""
+    same = (ev["exp_bits"]["bf16"] == ev["exp_bits"]["fp32"]
+            and ev["min_normal"]["bf16"] == ev["min_normal"]["fp32"])
+    overflows = not math.isfinite(ev["fp32_max_in_bf16"])
     return claims.judge(
-        "", same_normal_range,
-        f"both have {spec('bf16').exponent_bits} exponent bits and min normal "
-        f"{g(b.min_normal)}; bf16 max {g(b.max)} vs fp32 max {g(f.max)}; fp32's max "
-        f"converts to {top} in bf16",
-        caveat=f"the top of fp32's range overflows: every fp32 value from {g(b.overflow_from)} "
-               f"up becomes {b.overflow_to} in bf16, and bf16's smallest subnormal is "
-               f"{g(b.min_subnormal)} against fp32's {g(f.min_subnormal)}")
+        "", same,
+        f"both have {ev['exp_bits']['bf16']} and {ev['exp_bits']['fp32']} exponent bits, min "
+        f"normal {g(ev['min_normal']['bf16'])} and {g(ev['min_normal']['fp32'])}; bf16 max "
+        f"{g(ev['max']['bf16'])} vs fp32 max {g(ev['max']['fp32'])}; fp32's max converts to "
+        f"{ev['fp32_max_in_bf16']} in bf16",
+        caveat_applies=overflows,
+        caveat=(f"the top of fp32's range overflows: every fp32 value from "
+                f"{g(ev['overflow_from'])} up becomes {ev['overflow_to']} in bf16, and bf16's "
+                f"smallest subnormal is {g(ev['min_subnormal']['bf16'])} against fp32's "
+                f"{g(ev['min_subnormal']['fp32'])}"),
+        correction="bf16's exponent range differs from fp32's")
+
+
+# C08 -------------------------------------------------------------------------------------------
+def c08_evidence() -> dict:
+    """fp16's largest and smallest values and pi rounded to fp16 (chapter: 2)."""
+    s, t = spec("fp16"), thresholds("fp16")
+    return dict(max=s.max, min=s.min, pi16=round_to(math.pi, "fp16"),
+                overflow_from=t.overflow_from, min_normal=t.min_normal)
+
 
 @claims.register("C08", _CH2, "fp16 covers -65,504 to +65,504, and pi stored in fp16 "
-                 "becomes 3.140625.")
-def c08():
-    s, pi16 = spec("fp16"), round_to(math.pi, "fp16")
-    t = thresholds("fp16")
+                 "becomes 3.140625.", evidence=c08_evidence)
+def c08(ev: dict) -> claims.Verdict:
+    """Holds if both parts are exact; with a caveat if one of the two is; wrong if neither."""
+    range_ok = ev["max"] == 65504 and ev["min"] == -65504
+    pi_ok = ev["pi16"] == 3.140625
     return claims.judge(
-        "", s.max == 65504 and s.min == -65504 and pi16 == 3.140625,
-        f"fp16 max {s.max:,g}, min {s.min:,g}; pi -> {pi16!r}",
-        caveat=f"values up to {t.overflow_from:,g} (exclusive) still round to the max; from "
-               f"{t.overflow_from:,g} they become inf. Near zero, fp16 keeps full precision "
-               f"only down to {g(t.min_normal)}")
+        "", range_ok or pi_ok,
+        f"fp16 max {ev['max']:,g}, min {ev['min']:,g}; pi -> {ev['pi16']!r}; values up to "
+        f"{ev['overflow_from']:,g} (exclusive) round to the max, full precision down to "
+        f"{g(ev['min_normal'])}",
+        caveat_applies=not (range_ok and pi_ok),
+        caveat=("only in part: " + ("the range is right, pi is not" if range_ok
+                                    else "pi is right, the range is not")),
+        correction="neither the range nor pi's fp16 value is as stated")
 
-@claims.register("C09", _CH2, "fp32 covers about 3e-38 to 3e38.")
-def c09():
+
+# C09 -------------------------------------------------------------------------------------------
+def c09_evidence() -> dict:
+    """fp32's max, min normal and min subnormal (chapter: 2)."""
     t = thresholds("fp32")
-    top_ok = abs(t.max - 3e38) / t.max < 0.15
-    low_ok = abs(t.min_normal - 3e-38) / t.min_normal < 0.15
+    return dict(max=t.max, min_normal=t.min_normal, min_subnormal=t.min_subnormal,
+                tolerance=0.15)
+
+
+def _c09(ev: dict) -> claims.Verdict:
+    tol = ev["tolerance"]
+    top_ok = abs(ev["max"] - 3e38) / ev["max"] < tol
+    low_ok = abs(ev["min_normal"] - 3e-38) / ev["min_normal"] < tol
     return claims.judge(
         "", top_ok,
-        f"fp32 max {g(t.max)}, min normal {g(t.min_normal)}, min subnormal "
-        f"{g(t.min_subnormal)}",
-        caveat=None if low_ok else (
-            f"the top is right, the bottom is not: the smallest normal fp32 is "
-            f"{g(t.min_normal)}, {3e-38 / t.min_normal:.2g}x smaller than 3e-38, and "
-            f"subnormals go down to {g(t.min_subnormal)}"),
-        correction=f"fp32's largest value is {g(t.max)}")
+        f"fp32 max {g(ev['max'])}, min normal {g(ev['min_normal'])}, min subnormal "
+        f"{g(ev['min_subnormal'])}; 'about' taken as within {tol:.0%}",
+        caveat_applies=not low_ok,
+        caveat=(f"the top is right, the bottom is not: the smallest normal fp32 is "
+                f"{g(ev['min_normal'])}, {3e-38 / ev['min_normal']:.2g}x smaller than 3e-38, "
+                f"and subnormals go down to {g(ev['min_subnormal'])}"),
+        correction=f"fp32's largest value is {g(ev['max'])}")
 
-@claims.register("C10", _CH2, "Pi stored in bf16 loses more precision than in fp16.")
-def c10():
-    e16, eb = abs(round_to(math.pi, "fp16") - math.pi), abs(round_to(math.pi, "bf16") - math.pi)
+
+@claims.register("C09", _CH2, "fp32 covers about 3e-38 to 3e38.", evidence=c09_evidence)
+def c09(ev: dict) -> claims.Verdict:
+    """Holds if both ends are within the tolerance; caveat if only the top is; wrong otherwise."""
+    v = _c09(ev)
+    text = claims.sensitivity(_c09, ev, "tolerance", (0.05, 1.0, 2.0),
+                              lambda t: f"a tolerance of {t:.0%}")
+    return claims.Verdict(v.claim, v.statement, v.verdict, v.evidence, v.note,
+                          f"a tolerance of {ev['tolerance']:.0%} here; {text}")
+
+
+# C10 -------------------------------------------------------------------------------------------
+def c10_evidence() -> dict:
+    """Pi's rounding error in bf16 and fp16, and their median relative errors over 10^5 values (chapter: 2)."""
     xs = torch.logspace(-3, 3, 100_001, dtype=torch.float64)
-    med16 = relative_error(xs, "fp16").median().item()
-    medb = relative_error(xs, "bf16").median().item()
+    return dict(pi_bf16=round_to(math.pi, "bf16"), pi_fp16=round_to(math.pi, "fp16"),
+                median_bf16=relative_error(xs, "bf16").median().item(),
+                median_fp16=relative_error(xs, "fp16").median().item(),
+                mantissa={"bf16": spec("bf16").mantissa_bits, "fp16": spec("fp16").mantissa_bits})
+
+
+@claims.register("C10", _CH2, "Pi stored in bf16 loses more precision than in fp16.",
+                 evidence=c10_evidence)
+def c10(ev: dict) -> claims.Verdict:
+    """Holds if pi's bf16 error is larger; wrong if not (the general trend goes in the note)."""
+    eb, e16 = abs(ev["pi_bf16"] - math.pi), abs(ev["pi_fp16"] - math.pi)
+    general = ev["median_bf16"] > ev["median_fp16"]
     return claims.judge(
         "", eb > e16,
-        f"pi -> {round_to(math.pi, 'bf16')!r} in bf16 and {round_to(math.pi, 'fp16')!r} in "
-        f"fp16: errors {g(eb)} and {g(e16)}",
-        correction=f"pi happens to round to the same value in both; in general bf16 does "
-                   f"lose more: over 10^5 values from 1e-3 to 1e3 its median relative error "
-                   f"is {medb / med16:.1f}x fp16's ({g(medb)} vs {g(med16)}), from "
-                   f"{spec('bf16').mantissa_bits} mantissa bits against "
-                   f"{spec('fp16').mantissa_bits}")
+        f"pi -> {ev['pi_bf16']!r} in bf16 and {ev['pi_fp16']!r} in fp16: errors {g(eb)} and "
+        f"{g(e16)}; over 10^5 values from 1e-3 to 1e3 the median relative error is "
+        f"{g(ev['median_bf16'])} in bf16 and {g(ev['median_fp16'])} in fp16",
+        caveat_applies=not general,
+        caveat="for pi; over many values bf16's median error is not larger than fp16's",
+        correction=(f"pi happens to round to the same value in both; in general bf16 does "
+                    f"lose more: its median relative error is "
+                    f"{ev['median_bf16'] / ev['median_fp16']:.1f}x fp16's, from "
+                    f"{ev['mantissa']['bf16']} mantissa bits against {ev['mantissa']['fp16']}"
+                    if general else "pi rounds no worse in bf16, nor do most values"))
 
-@claims.register("C11", _CH2, "Pi quantized to int8 becomes 3.")
-def c11():
-    table = same_number(math.pi)
-    naive = table.loc["int8, cast", "stored"]
-    absmax = table[table.index.str.startswith("int8, absmax")]["stored"]
+
+# C11 -------------------------------------------------------------------------------------------
+def c11_evidence() -> dict:
+    """Pi cast to int8 (truncation), rounded to an integer, and absmax-quantized in blocks of max 4 and 10 (chapter: 2)."""
+    from memlab.quant.functional import absmax_quantize, dequantize
+
+    absmax = {}
+    for top in (math.pi, 4.0, 10.0):
+        q, state = absmax_quantize(torch.tensor([math.pi, top], dtype=torch.float32))
+        absmax[top] = dequantize(q, state)[0].item()
+    return dict(cast=int(torch.tensor(math.pi).to(torch.int8)), rounded=round(math.pi),
+                absmax=absmax)
+
+
+@claims.register("C11", _CH2, "Pi quantized to int8 becomes 3.", evidence=c11_evidence)
+def c11(ev: dict) -> claims.Verdict:
+    """Holds if every int8 route gives 3; caveat if only the integer routes do; wrong if none."""
+    integer = ev["cast"] == 3 and ev["rounded"] == 3
+    quantized = all(v == 3.0 for v in ev["absmax"].values())
     return claims.judge(
-        "", bool(naive == 3.0),
-        f"a plain cast gives {naive:g}; absmax quantization gives "
-        + " or ".join(f"{v:.6g}" for v in absmax) + " (blocks with max "
-        + " and ".join(i.split()[-1] for i in absmax.index) + ")",
-        caveat="only for a plain cast to an integer; int8 quantization scales each block by "
-               "its absmax first, and pi then keeps two or more significant digits")
+        "", integer or quantized,
+        f"torch's cast .to(torch.int8) gives {ev['cast']} (it truncates toward zero), rounding "
+        f"to the nearest integer gives {ev['rounded']}; absmax quantization gives "
+        + ", ".join(f"{v:.6g} in a block with max {k:.6g}" for k, v in ev["absmax"].items()),
+        caveat_applies=not (integer and quantized),
+        caveat=("only when pi is turned into an integer (cast or rounded); int8 quantization "
+                "scales each block by its absmax first, and pi then keeps two or more "
+                "significant digits"),
+        correction="no int8 route gives 3")
 
-@claims.register("C12", _CH2, "int8 represents -128 to 127. (Another source says -127 to 127.)")
-def c12():
-    s = spec("int8")
+
+# C12 -------------------------------------------------------------------------------------------
+def c12_evidence() -> dict:
+    """int8's range in torch, and the codes symmetric absmax quantization uses (from scratch and bitsandbytes) (chapter: 2)."""
     from memlab.quant.functional import absmax_quantize
 
+    s = spec("int8")
     q, state = absmax_quantize(torch.tensor([-5.0, 1.0, 5.0]))
-    codes = f"absmax quantization uses codes -{state.qmax}..{state.qmax} (here {q.tolist()})"
+    bnb = None
     bnbf = bitsandbytes_functional()
     if bnbf is not None and hasattr(bnbf, "int8_vectorwise_quant"):
-        bq = bnbf.int8_vectorwise_quant(torch.tensor([[-5.0, 1.0, 5.0]]))[0]
-        codes += f"; bitsandbytes' int8_vectorwise_quant gives {bq.flatten().tolist()}"
-    return claims.judge(
-        "", (s.min, s.max) == (-128.0, 127.0),
-        f"torch.iinfo(int8): {int(s.min)} to {int(s.max)}; {codes}",
-        caveat="both are right: the type holds -128..127, symmetric quantization keeps "
-               "-127..127 so that +x and -x get codes of equal size")
+        bnb = bnbf.int8_vectorwise_quant(torch.tensor([[-5.0, 1.0, 5.0]]))[0].flatten().tolist()
+    return dict(type_range=(int(s.min), int(s.max)), qmax=state.qmax, codes=q.tolist(),
+                bnb_codes=bnb)
 
-@claims.register("C13", _CH2, "fp8 needs newer hardware such as the H100.")
-def c13():
+
+@claims.register("C12", _CH2, "int8 represents -128 to 127. (Another source says -127 to 127.)",
+                 evidence=c12_evidence)
+def c12(ev: dict) -> claims.Verdict:
+    """Holds if the type is -128..127 and symmetric quantization keeps -127..127; caveat if only the first."""
+    symmetric = ev["qmax"] == 127 and min(ev["codes"]) == -127 and (
+        ev["bnb_codes"] is None or min(ev["bnb_codes"]) == -127)
+    bnb = (f"; bitsandbytes' int8_vectorwise_quant gives {ev['bnb_codes']}"
+           if ev["bnb_codes"] is not None else "")
+    return claims.judge(
+        "", tuple(ev["type_range"]) == (-128, 127),
+        f"torch.iinfo(int8): {ev['type_range'][0]} to {ev['type_range'][1]}; absmax "
+        f"quantization uses codes -{ev['qmax']}..{ev['qmax']} (here {ev['codes']}){bnb}. Both "
+        "sources are right: the type holds -128..127, symmetric quantization keeps -127..127 "
+        "so that +x and -x get codes of equal size",
+        caveat_applies=not symmetric,
+        caveat="the type holds -128..127, but the symmetric quantizers here do not use -127..127",
+        correction=f"int8 holds {ev['type_range'][0]} to {ev['type_range'][1]}")
+
+
+# C13 -------------------------------------------------------------------------------------------
+def c13_evidence() -> dict:
+    """What this CPU does with fp8 (tried) and which catalogued GPUs have fp8 tensor cores (datasheets) (chapter: 2)."""
     from memlab.gpus import CATALOGUE
 
     probe = probe_formats("cpu", ("fp8-e4m3",)).loc["fp8-e4m3"]
-    fp8_gpus = [gpu.name for gpu in CATALOGUE if "fp8" in gpu.tensor_core_formats]
-    older = [gpu.name for gpu in CATALOGUE if gpu.name not in fp8_gpus]
-    newest_older = max(float(get.compute_capability) for get in CATALOGUE
-                       if get.name in older)
-    only_newer = bool(fp8_gpus) and all(
-        float(gpu.compute_capability) > newest_older for gpu in CATALOGUE
-        if gpu.name in fp8_gpus)
-    min_cc = min(gpu.compute_capability for gpu in CATALOGUE if gpu.name in fp8_gpus)
+    return dict(
+        store=bool(probe["store (cast)"]), add=bool(probe["add"]), matmul=bool(probe["matmul"]),
+        gpus={gpu.name: (float(gpu.compute_capability), "fp8" in gpu.tensor_core_formats)
+              for gpu in CATALOGUE})
+
+
+@claims.register("C13", _CH2, "fp8 needs newer hardware such as the H100.", evidence=c13_evidence)
+def c13(ev: dict) -> claims.Verdict:
+    """Holds if fp8 cannot even be stored without new hardware; caveat if only its fast arithmetic needs it."""
+    with_fp8 = {n: cc for n, (cc, has) in ev["gpus"].items() if has}
+    older = {n: cc for n, (cc, has) in ev["gpus"].items() if not has}
+    only_newer = bool(with_fp8) and min(with_fp8.values()) > max(older.values(), default=0)
     return claims.judge(
         "", only_newer,
-        f"on this CPU fp8 tensors store: {bool(probe['store (cast)'])}, add: "
-        f"{bool(probe['add'])}, matmul: {bool(probe['matmul'])} (tried); fp8 tensor cores "
-        f"(datasheets): {', '.join(fp8_gpus)}; none on {', '.join(older)}",
-        caveat=f"for fast fp8 arithmetic, and not only the H100: fp8 tensor cores come "
-               f"with compute capability {min_cc} and up ({', '.join(fp8_gpus)}). Storing "
-               "fp8 needs no special hardware; any device holds the bytes and upcasts them")
+        f"tried on this CPU: fp8 tensors store {ev['store']}, add {ev['add']}, matmul "
+        f"{ev['matmul']}; fp8 tensor cores (quoted from datasheets): {', '.join(with_fp8)}; "
+        f"none on {', '.join(older)}",
+        caveat_applies=ev["store"],
+        caveat=(f"for fast fp8 arithmetic, and not only the H100: fp8 tensor cores come with "
+                f"compute capability {min(with_fp8.values(), default=0):g} and up. Storing "
+                "fp8 needs no special hardware: this CPU holds the bytes and upcasts them"),
+        correction="fp8 tensor cores also exist on older GPUs in the catalogue")
 
 
-_CH2 = "chapters/02_number_formats"
-
-
-@claims.register("C42", _CH2, "Mixed-precision training halves training memory.")
-@functools.cache
-def c42():
+# C42 -------------------------------------------------------------------------------------------
+def c42_evidence() -> dict:
+    """Peaks of fp32, bf16-mixed and pure bf16 AdamW for Llama-2-7B at seq 2048, batch 1 to 16 (chapter: 2)."""
     from memlab.memory.training import estimate
 
     cfg = get_config("llama2-7b")
     n, S = cfg.num_parameters(), 2048
-    batches = (1, 8)
-    limit = 0.55  # 'halves': the mixed peak at most 55% of fp32's
+    rows = {}
+    for b in (1, 2, 4, 8, 16):
+        est = {p: estimate(cfg, batch_size=b, seq_len=S, precision=p, optimizer="adamw",
+                           optimizer_impl="foreach", device="cuda")
+               for p in ("fp32", "bf16-mixed", "bf16")}
+        rows[b] = {p: e.peak_bytes for p, e in est.items()}
+        if b == 1:
+            state = {p: (e.weights_bytes + e.gradients_bytes + e.optimizer_bytes) / n
+                     for p, e in est.items()}
+    return dict(peaks=rows, state=state, seq_len=S, limit=0.55)
 
-    def est(b, precision):
-        return estimate(cfg, batch_size=b, seq_len=S, precision=precision,
-                        optimizer="adamw", optimizer_impl="foreach", device="cuda")
 
-    rows = {b: {p: est(b, p) for p in ("fp32", "bf16-mixed", "bf16")} for b in batches}
-    ratio = {b: rows[b]["bf16-mixed"].peak_bytes / rows[b]["fp32"].peak_bytes
-             for b in batches}
-    pure = {b: rows[b]["bf16"].peak_bytes / rows[b]["fp32"].peak_bytes for b in batches}
-    mixed1, fp32_1 = rows[1]["bf16-mixed"], rows[1]["fp32"]
-    state = {p: (e.weights_bytes + e.gradients_bytes + e.optimizer_bytes) / n
-             for p, e in rows[1].items()}
-    cast = sum(t.bytes * (cfg.n_layer if t.scope == "layer" else 1) for t in mixed1.saved
-               if "cast" in t.name and "weight" in t.name)
-    act = mixed1.activations_bytes / fp32_1.activations_bytes
-    act_no_cast = (mixed1.activations_bytes - cast) / fp32_1.activations_bytes
-
-    def gib(x):
-        return f"{x / 2**30:.1f} GiB"
-
-    evidence = (
-        "estimated with chapter 1's closed form for a CUDA GPU, Llama-2-7B, AdamW "
-        f"(foreach), seq {S}: peak bf16-mixed / fp32 = "
-        + ", ".join(f"{ratio[b]:.2f} at batch {b} ({gib(rows[b]['bf16-mixed'].peak_bytes)} "
-                    f"vs {gib(rows[b]['fp32'].peak_bytes)})" for b in batches)
-        + f"; parameters + gradients + AdamW states {state['bf16-mixed']:.1f} B/param "
-        f"mixed vs {state['fp32']:.1f} fp32; saved activations x{act:.2f} "
-        f"(x{act_no_cast:.2f} without the {gib(cast)} weight-cast cache); pure bf16: "
-        + ", ".join(f"{pure[b]:.2f}" for b in batches)
-        + f"; 'halves' taken as a ratio <= {limit} at every batch"
-    )
+@claims.register("C42", _CH2, "Mixed-precision training halves training memory.",
+                 evidence=c42_evidence)
+def c42(ev: dict) -> claims.Verdict:
+    """Holds if bf16-mixed's peak is at most 55% of fp32's at every batch; caveat at some; wrong at none."""
+    ratio = {b: p["bf16-mixed"] / p["fp32"] for b, p in ev["peaks"].items()}
+    pure = {b: p["bf16"] / p["fp32"] for b, p in ev["peaks"].items()}
+    halved = [b for b, r in ratio.items() if r <= ev["limit"]]
+    st = ev["state"]
     return claims.judge(
-        "", all(r <= limit for r in ratio.values()), evidence,
-        correction=(
-            f"mixed precision keeps fp32 weights, fp32 gradients and fp32 AdamW states "
-            f"({state['bf16-mixed']:.0f} B/param, as in fp32) and adds 16-bit weight copies; "
-            f"it saves activation memory only, so the peak falls to "
-            + " / ".join(f"{ratio[b]:.2f}" for b in batches)
-            + f" of fp32 at batch {' / '.join(map(str, batches))} x {S}; pure bf16 "
-            "training (bf16 weights, gradients and states) is what halves it"),
-    )
+        "", bool(halved),
+        f"estimated for a CUDA GPU, Llama-2-7B, AdamW (foreach), seq {ev['seq_len']}: peak "
+        "bf16-mixed / fp32 = " + ", ".join(f"{r:.2f} at batch {b}" for b, r in ratio.items())
+        + f"; parameters + gradients + AdamW states {st['bf16-mixed']:.1f} B/param mixed vs "
+        f"{st['fp32']:.1f} fp32; pure bf16 / fp32: "
+        + ", ".join(f"{r:.2f}" for r in pure.values())
+        + f"; 'halves' taken as a ratio <= {ev['limit']}",
+        caveat_applies=len(halved) < len(ratio),
+        caveat=f"only at batch {', '.join(map(str, halved))} of {', '.join(map(str, ratio))}",
+        correction=(f"mixed precision keeps fp32 weights, fp32 gradients and fp32 AdamW states "
+                    f"({st['bf16-mixed']:.0f} B/param, as in fp32) and adds 16-bit weight "
+                    "copies; it changes only the activations, so the peak stays at "
+                    + " / ".join(f"{r:.2f}" for r in ratio.values())
+                    + " of fp32; pure bf16 training (bf16 weights, gradients and states) is "
+                    "what halves it"),
+        sensitivity=(f"a limit of {ev['limit']} here; would be "
+                     + (f"{claims.CAVEAT} with a limit of {min(ratio.values()):.2f}"
+                        if not halved else f"{claims.WRONG} below {min(ratio.values()):.2f}")))
 
-@claims.register("C14", _CH2, "bf16 speeds up computation and improves model quality; it is "
-                 "poorly suited to integer arithmetic.")
+
+# C14 -------------------------------------------------------------------------------------------
 @functools.cache
-def c14():
+def c14_evidence() -> dict:
+    """Held-out losses of fp32, bf16 autocast and pure bf16 training on the chapter's task, and integer exactness (chapter: 2)."""
     from memlab.gpus import CATALOGUE
-    from memlab.precision.formats import thresholds
 
     kw = dict(model="tiny", model_overrides=dict(vocab_size=128, name="tiny-v128"),
               steps=50, batch_size=8, seq_len=32, lr=1e-2, device="cpu")
     runs = {m: train(m, **kw) for m in ("fp32", "bf16-autocast", "bf16-pure")}
-    loss = {m: r.eval_loss for m, r in runs.items()}
-    margin = 0.01  # nats: 'improves' needs a held-out loss lower than fp32's by more
-    improves = all(loss[m] is not None and loss[m] < loss["fp32"] - margin
-                   for m in ("bf16-autocast", "bf16-pure"))
-    ints = {f: thresholds(f).largest_exact_integer for f in ("bf16", "fp16", "fp32")}
-    no_bf16_cores = [g.name for g in CATALOGUE if not g.bf16_tensor_cores]
-    evidence = (
-        f"held-out loss on the chapter's task (measured, CPU): fp32 {loss['fp32']:.3f}, "
-        f"bf16 autocast {loss['bf16-autocast']:.3f}, pure bf16 {loss['bf16-pure']:.3f} nats "
-        f"('improves' taken as lower by more than {margin}); integers exact up to "
-        + ", ".join(f"{v:,} in {f}" for f, v in ints.items())
-        + f"; no bf16 tensor cores (datasheets): {', '.join(no_bf16_cores)}")
+    return dict(loss={m: r.eval_loss for m, r in runs.items()}, margin=0.01,
+                ints={f: thresholds(f).largest_exact_integer for f in ("bf16", "fp16", "fp32")},
+                no_bf16_cores=[gpu.name for gpu in CATALOGUE if not gpu.bf16_tensor_cores])
+
+
+@claims.register("C14", _CH2, "bf16 speeds up computation and improves model quality; it is "
+                 "poorly suited to integer arithmetic.", evidence=c14_evidence)
+def c14(ev: dict) -> claims.Verdict:
+    """Judged on quality only (speed is not timed on this page's CPU): holds if both bf16 modes beat fp32 by the margin."""
+    loss, margin = ev["loss"], ev["margin"]
+    better = [m for m in ("bf16-autocast", "bf16-pure")
+              if loss[m] is not None and loss[m] < loss["fp32"] - margin]
+    gap = min(loss["fp32"] - loss[m] for m in ("bf16-autocast", "bf16-pure")
+              if loss[m] is not None)
     return claims.judge(
-        "", improves, evidence,
+        "", bool(better),
+        f"measured on this page's CPU with the chapter's small model, held-out loss on one "
+        f"evaluation batch: fp32 {loss['fp32']:.3f}, bf16 autocast {loss['bf16-autocast']:.3f}, "
+        f"pure bf16 {loss['bf16-pure']:.3f} nats ('improves' taken as lower by more than "
+        f"{margin}); integers exact up to "
+        + ", ".join(f"{v:,} in {f}" for f, v in ev["ints"].items())
+        + f"; no bf16 tensor cores (quoted from datasheets): {', '.join(ev['no_bf16_cores'])}",
+        caveat_applies=len(better) < 2,
+        caveat=f"only {', '.join(better)} improved here, on a small model",
         correction=(
-            "bf16 matches fp32's quality at best (autocast), it does not improve it; its speed "
-            "comes from tensor cores, which some GPUs lack for bf16, and the step times are "
-            "not measured on this page's device; 'poorly suited to integers' holds in the "
-            f"sense that bf16 stores integers exactly only up to {ints['bf16']}"),
-    )
+            "on this small model bf16 matches fp32's quality at best, it does not improve it; "
+            "its speed comes from tensor cores, which some GPUs lack for bf16, and the step "
+            "times are not measured on this page's device; 'poorly suited to integers' holds "
+            f"in the sense that bf16 stores integers exactly only up to {ev['ints']['bf16']}"),
+        sensitivity=(f"a margin of {margin} nats here; " + (
+            f"would be {claims.CAVEAT} with a margin below {gap:.3f}" if gap > 0 else
+            "no margin would change it: neither bf16 loss is below fp32's")))

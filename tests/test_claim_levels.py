@@ -1,0 +1,177 @@
+"""Every verdict level of every claim is reachable: each check's ``decide`` is fed its real
+evidence, changed so that the claim would come out at each level.
+
+A check whose level could not change with its evidence fails here. The real evidence of the
+claims that train a model (C14, C16-C19) is computed once per process; those are slow.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from memlab.claims import CAVEAT, CHECKS, HOLDS, JUDGED, NOT_JUDGED, WRONG, verdicts
+
+verdicts()  # imports every part's claims
+
+
+def _pt(ev, i=0, **kw):
+    ev = copy.deepcopy(ev)
+    ev["points"][i].update(kw)
+    return ev
+
+
+def _set(ev, path, value):
+    ev = copy.deepcopy(ev)
+    d = ev
+    for k in path[:-1]:
+        d = d[k]
+    d[path[-1]] = value
+    return ev
+
+
+def _rule_cases(n_points):
+    """C02/C03/C04: move each rule relative to its floor."""
+    def at(ev, factor):
+        ev = copy.deepcopy(ev)
+        for p in ev["points"]:
+            p["rule"] = p["floor"] * factor
+        return ev
+    return {HOLDS: lambda ev: at(ev, 1.02), CAVEAT: lambda ev: at(ev, 3.0),
+            WRONG: lambda ev: at(ev, 0.5)}
+
+
+def _c04_caveat(ev):
+    ev = copy.deepcopy(ev)
+    ev["points"][0]["rule"] = ev["points"][0]["floor"] * 1.3
+    ev["points"][1]["rule"] = ev["points"][1]["floor"] * 4
+    return ev
+
+
+def _c04_holds(ev):  # both rules at the same point of the curve
+    ev = copy.deepcopy(ev)
+    ev["points"][1] = dict(ev["points"][0])
+    return ev
+
+
+def _c43_timed(ratios):
+    by_tokens = dict(zip((1, 16, 2048), ratios, strict=True))
+
+    def f(ev):
+        return {**ev, "label": "recorded on a test GPU",
+                "timed": {"int8": by_tokens, "llm-int8": by_tokens}}
+    return f
+
+
+CASES = {
+    "C01": {HOLDS: lambda ev: {**ev, "per_param": 4.0}, CAVEAT: lambda ev: {**ev, "per_param": 4.2},
+            WRONG: lambda ev: {**ev, "per_param": 8.0}},
+    "C02": _rule_cases(2),
+    "C03": _rule_cases(1),
+    "C04": {HOLDS: _c04_holds, CAVEAT: _c04_caveat,
+            WRONG: lambda ev: _pt(ev, 0, rule=ev["points"][0]["floor"] * 0.5)},
+    "C05": {HOLDS: lambda ev: {**ev, "other": {k: 2.0 for k in ev["other"]}},
+            CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: _set(ev, ("same_dtype", "fp32 AdamW"), 3.0)},
+    "C06": {HOLDS: lambda ev: ev,
+            CAVEAT: lambda ev: {**ev, "int8_with_scales": 1.5},
+            WRONG: lambda ev: _set(ev, ("per", "bf16"), 4)},
+    "C07": {HOLDS: lambda ev: {**ev, "fp32_max_in_bf16": 3.3e38},
+            CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: _set(ev, ("exp_bits", "bf16"), 5)},
+    "C08": {HOLDS: lambda ev: ev, CAVEAT: lambda ev: {**ev, "pi16": 3.14},
+            WRONG: lambda ev: {**ev, "pi16": 3.14, "max": 60000.0}},
+    "C09": {HOLDS: lambda ev: {**ev, "min_normal": 3.1e-38}, CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: {**ev, "max": 1e30}},
+    "C10": {HOLDS: lambda ev: {**ev, "pi_bf16": 3.0},
+            CAVEAT: lambda ev: {**ev, "pi_bf16": 3.0, "median_bf16": 0.0},
+            WRONG: lambda ev: ev},
+    "C11": {HOLDS: lambda ev: {**ev, "absmax": {k: 3.0 for k in ev["absmax"]}},
+            CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: {**ev, "cast": 4, "rounded": 4}},
+    "C12": {HOLDS: lambda ev: ev, CAVEAT: lambda ev: {**ev, "qmax": 128, "codes": [-128, 25, 127]},
+            WRONG: lambda ev: {**ev, "type_range": (-127, 127)}},
+    "C13": {HOLDS: lambda ev: {**ev, "store": False}, CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: _set(ev, ("gpus", "T4"), (7.5, True))},
+    "C14": {HOLDS: lambda ev: {**ev, "loss": {**ev["loss"], "bf16-autocast": 0.0,
+                                              "bf16-pure": 0.0}},
+            CAVEAT: lambda ev: {**ev, "loss": {**ev["loss"], "bf16-autocast": 0.0,
+                                               "bf16-pure": 9.0}},
+            WRONG: lambda ev: {**ev, "loss": {**ev["loss"], "bf16-autocast": 9.0,
+                                              "bf16-pure": 9.0}}},
+    "C15": {HOLDS: lambda ev: {**ev, "stored": {**ev["stored"], **ev["naive"]}},
+            CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: {**ev, "naive": {k: 2 * v for k, v in ev["naive"].items()}}},
+    "C16": {HOLDS: lambda ev: {**ev, "model_bits": 4.0},
+            CAVEAT: lambda ev: {**ev, "model_bits": 4.1},
+            WRONG: lambda ev: {**ev, "model_bits": 5.0}},
+    "C17": {HOLDS: lambda ev: {**ev, "delta": {k: 1.0 for k in ev["delta"]}},
+            CAVEAT: lambda ev: {**ev, "delta": {k: (1.0 if i else 0.0)
+                                                for i, k in enumerate(ev["delta"])}},
+            WRONG: lambda ev: {**ev, "delta": {k: 0.0 for k in ev["delta"]}}},
+    "C18": {HOLDS: lambda ev: {**ev, "excess": {"int8": 1.0, "llm-int8": 0.0},
+                               "layer_error": {"int8": 1.0, "llm-int8": 0.1}},
+            CAVEAT: lambda ev: {**ev, "excess": {"int8": 0.0, "llm-int8": 0.0},
+                                "layer_error": {"int8": 1.0, "llm-int8": 0.1}},
+            WRONG: lambda ev: {**ev, "layer_error": {"int8": 1.0, "llm-int8": 1.0}}},
+    "C19": {HOLDS: lambda ev: {**ev, "change": 1.0, "default_learns": True},
+            CAVEAT: lambda ev: {**ev, "change": 1.0, "default_learns": False},
+            WRONG: lambda ev: {**ev, "change": 0.0}},
+    "C39": {HOLDS: lambda ev: {**ev, "peak_1": ev["usable"] * 2},
+            CAVEAT: lambda ev: {**ev, "peak_1": ev["usable"] * 0.98},
+            WRONG: lambda ev: ev},
+    "C41": {HOLDS: lambda ev: {**ev, "ratios": {n: 500.0 for n in ev["ratios"]}},
+            CAVEAT: lambda ev: {**ev, "ratios": {n: 300.0 for n in ev["ratios"]}},
+            WRONG: lambda ev: ev},
+    "C42": {HOLDS: lambda ev: {**ev, "peaks": {b: {**p, "bf16-mixed": p["fp32"] // 2}
+                                               for b, p in ev["peaks"].items()}},
+            CAVEAT: lambda ev: {**ev, "peaks": {b: {**p, "bf16-mixed": p["fp32"] // (2 if b > 4
+                                                                                     else 1)}
+                                                for b, p in ev["peaks"].items()}},
+            WRONG: lambda ev: ev},
+    "C43": {HOLDS: _c43_timed((0.5, 0.6, 0.7)), CAVEAT: _c43_timed((1.5, 1.2, 0.7)),
+            WRONG: _c43_timed((1.5, 1.2, 1.1)), NOT_JUDGED: lambda ev: {**ev, "timed": {}}},
+}
+TRAINING = {"C14", "C16", "C17", "C18", "C19"}
+
+
+def test_every_claim_has_cases_for_every_judged_level():
+    assert set(CASES) == set(CHECKS)
+    for claim, cases in CASES.items():
+        assert set(JUDGED) <= set(cases), claim
+
+
+def _params():
+    for claim in sorted(CASES):
+        marks = [pytest.mark.slow] if claim in TRAINING else []
+        for level in CASES[claim]:
+            yield pytest.param(claim, level, id=f"{claim}-{level.replace(' ', '_')}", marks=marks)
+
+
+_EVIDENCE: dict = {}
+
+
+@pytest.mark.parametrize("claim, level", list(_params()))
+def test_each_level_is_reached_by_changed_evidence(claim, level):
+    if claim not in _EVIDENCE:
+        _EVIDENCE[claim] = CHECKS[claim].evidence()
+    ev = CASES[claim][level](copy.deepcopy(_EVIDENCE[claim]))
+    v = CHECKS[claim].decide(ev)
+    assert v.verdict == level, (claim, v)
+    assert v.evidence
+    if level != HOLDS:
+        assert v.note  # the caveat, the correction, or why it is not judged
+
+
+@pytest.mark.parametrize("claim", sorted(set(CASES) - TRAINING))
+def test_the_real_evidence_gives_the_published_verdict(claim):
+    """The page's verdict is decide(evidence()); no level is set anywhere else."""
+    real = CHECKS[claim].decide(CHECKS[claim].evidence())
+    assert real.verdict == verdicts([claim])[0].verdict
+
+
+def test_at_least_one_claim_holds_plainly_and_none_compares_constants():
+    levels = {v.claim: v.verdict for v in verdicts([c for c in CHECKS if c not in TRAINING])}
+    assert HOLDS in levels.values()
+    assert levels["C08"] == HOLDS  # exactly right: fp16's range and pi
