@@ -279,3 +279,15 @@ def _compute_bound(gpu, tokens, d_in, d_out, compute, weight_bytes) -> bool:
     flops_s = 2 * tokens * d_in * d_out / g.peak_ops(compute)
     return flops_s >= roofline_matmul_s(g, tokens, d_in, d_out, compute=compute,
                                         weight_bytes=weight_bytes)
+
+
+def usage_table(rows: dict[str, int], gpus=CATALOGUE):
+    """A pandas DataFrame: each row's peak over each GPU's usable bytes (above 1 does not fit) (chapter: 1)."""
+    pd = require("pandas", "usage_table", extra="notebook")
+    if not isinstance(rows, dict) or not rows:
+        raise MemlabError(f"rows must be a non-empty dict of label -> peak bytes, got {rows!r}")
+    gpu_list = [get_gpu(g) for g in gpus]
+    for label, peak in rows.items():
+        _check_bytes(f"peak bytes of row {label!r}", peak)
+    return pd.DataFrame({gpu.column: {label: peak / gpu.usable_bytes for label, peak in rows.items()}
+                         for gpu in gpu_list})

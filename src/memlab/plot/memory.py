@@ -50,3 +50,39 @@ def error_histogram(errors: list[float], limit: float = 0.03, title: str | None 
         ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def ratio_heatmap(ratios, *, title: str | None = None, center: float = 1.0,
+                  label: str = "ratio", fmt: str = "{:.2f}", marks: dict | None = None):
+    """A table of ratios as a heat map, each cell annotated; colours diverge around ``center`` (chapter: 1).
+
+    ``ratios`` is a pandas DataFrame (rows x columns of floats). ``marks`` maps a label to a
+    predicate on a cell's value, e.g. ``{"✓": lambda r: r <= 1}``: cells where it holds get
+    the label (a short symbol such as "✓") beside the number.
+    """
+    import numpy as np
+    from matplotlib.colors import LogNorm
+
+    style()
+    values = ratios.to_numpy(dtype=float)
+    n_rows, n_cols = values.shape
+    fig, ax = plt.subplots(figsize=(2.5 + 1.1 * n_cols, 2.2 + 0.35 * n_rows))
+    finite = values[np.isfinite(values) & (values > 0)]
+    spread = max(float(np.max(np.abs(np.log(finite / center)))), 1e-3) if finite.size else 1.0
+    norm = LogNorm(vmin=center * np.exp(-spread), vmax=center * np.exp(spread))
+    image = ax.imshow(values, cmap="RdBu_r", norm=norm, aspect="auto")
+    for i in range(n_rows):
+        for j in range(n_cols):
+            v = values[i, j]
+            tag = "".join(f" {k}" for k, test in (marks or {}).items() if test(v))
+            ax.text(j, i, fmt.format(v) + tag, ha="center", va="center", fontsize=7,
+                    color="white" if abs(np.log(v / center)) > 0.6 * spread else "black")
+    ax.set_xticks(range(n_cols), [str(c) for c in ratios.columns], rotation=30, ha="right",
+                  fontsize=8)
+    ax.set_yticks(range(n_rows), [str(r) for r in ratios.index], fontsize=8)
+    ax.grid(False)
+    fig.colorbar(image, ax=ax, label=label, fraction=0.04, pad=0.02)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
