@@ -127,3 +127,19 @@ def test_estimate_and_trace_json_keys(capsys):
         assert keys <= set(body) and body["mode"] == cmd
     assert main(["estimate", "--model", "tiny", "--batch-size", "2", "--seq-len", "16"]) == 0
     assert "peak" in capsys.readouterr().out
+
+
+def test_estimate_names_a_config_json_by_its_own_name_or_its_path(capsys, tmp_path):
+    folder = tmp_path / "gpt2-medium"
+    folder.mkdir()
+    path = folder / "config.json"
+    raw = {"model_type": "gpt2", "n_embd": 1024, "n_layer": 24, "n_head": 16,
+           "n_positions": 1024, "vocab_size": 50257}
+    path.write_text(json.dumps(raw))
+    argv = ["estimate", "--model", str(path), "--batch-size", "1", "--seq-len", "8"]
+    assert main(argv) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.startswith(f"estimated train memory: {path} (354,823,168 parameters)"), head
+    path.write_text(json.dumps(dict(raw, _name_or_path="gpt2-medium")))
+    assert main(argv + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["model"] == "gpt2-medium"

@@ -55,7 +55,8 @@ def test_every_claim_is_registered_by_its_parts_claims_module():
     import_rooms("claims")
     for check in claims.CHECKS.values():
         part = part_of_chapter(check.chapter)
-        assert check.fn.__module__ == f"memlab.{part.folder}.claims", (check.claim, check.fn.__module__)
+        for fn in (check.evidence, check.decide):
+            assert fn.__module__ == f"memlab.{part.folder}.claims", (check.claim, fn.__module__)
 
 
 def test_import_contracts_are_kept():

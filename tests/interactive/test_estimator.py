@@ -1,4 +1,11 @@
 import base64
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from importlib import resources
+from pathlib import Path
 
 import matplotlib
 
@@ -9,9 +16,18 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from memlab.errors import MemlabError  # noqa: E402
-from memlab.gpus import CATALOGUE  # noqa: E402
+from memlab.gpus import CATALOGUE, RESERVED_BYTES, fits, get_gpu  # noqa: E402
+from memlab.interactive import estimator as est  # noqa: E402
 from memlab.interactive.estimator import estimate_summary, render_outputs  # noqa: E402
-from memlab.memory.training import estimate  # noqa: E402
+from memlab.measure.step import PHASES  # noqa: E402
+from memlab.memory.training import (  # noqa: E402
+    BNB_BLOCK,
+    BNB_MIN_NUMEL,
+    COMPUTE_BYTES,
+    PARAM_BYTES,
+    estimate,
+)
+from memlab.model.transformer import PRESETS, config_from_hf_dict, get_config  # noqa: E402
 
 
 def _text(outputs) -> str:
@@ -128,3 +144,187 @@ def test_updates_do_not_leak_figures():
     for i in range(10):
         box.controls["batch_size"].value = sizes[i % len(sizes)] if i % 2 else sizes[-1 - i]
     assert len(plt.get_fignums()) == before
+
+
+# ---- the kernel-free estimator --------------------------------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = resources.files("memlab.interactive") / "static" / "estimator.js"
+
+
+class _Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[str] = []
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if a.get("id"):
+            self.ids.append(a["id"])
+        self.urls += [a[k] for k in ("src", "href", "action", "poster") if a.get(k)]
+
+
+def _tags(page: str) -> _Tags:
+    p = _Tags()
+    p.feed(page)
+    return p
+
+
+def test_estimator_data_comes_from_the_library():
+    data = est.estimator_data()
+    assert data["param_bytes"] == PARAM_BYTES and data["compute_bytes"] == COMPUTE_BYTES
+    assert data["bnb"] == {"block": BNB_BLOCK, "min_numel": BNB_MIN_NUMEL, "map_entries": 256}
+    assert data["bytes"] == {"int64": 8, "fp32": 4, "half": 2, "bool": 1, "uint8": 1}
+    assert data["phases"] == list(PHASES)
+    assert [g["name"] for g in data["gpus"]] == [g.name for g in CATALOGUE]
+    for g in data["gpus"]:
+        assert g["usable_bytes"] == get_gpu(g["name"]).usable_bytes
+    models = {m["key"]: m["config"] for m in data["models"]}
+    assert "llama2-7b" in models and not any(k.startswith("tiny") for k in models)
+    for key, cfg in models.items():
+        p = PRESETS[key]
+        assert (cfg["kv_heads"], cfg["head_dim"], cfg["ffn_dim"], cfg["tied"]) == (
+            p.kv_heads, p.head_dim, p.ffn_dim, p.tied)
+    assert data["hf"]["gpt2_ffn_per_width"] == 4
+    assert data["hf"]["tied_by_default"] == {"gpt2": True, "llama": False}
+    json.dumps(data, allow_nan=False)  # JSON as it is
+
+
+def test_estimator_script_ships_as_package_data_and_holds_no_constant():
+    assert SCRIPT.is_file()
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    assert '"interactive/static/*.js"' in pyproject
+    text = SCRIPT.read_text(encoding="utf-8")
+    assert "memlabEstimator" in text and "</script" not in text.lower()
+    code = re.sub(r"/\*.*?\*/|//[^\n]*", "", text, flags=re.S)  # without comments
+    # bytes per dtype and precision, block sizes, GPU and unit sizes come from Python
+    for literal in ("256", "4096", "1024", "2048", "32000", "50257", "1e9", "1073741824",
+                    "1048576", "65536", "15360", "14336", "11008"):
+        assert not re.search(rf"\b{literal}\b", code), literal
+    for product in (r"\*\s*[48]\b", r"\b[48]\s*\*"):  # no fp32 or int64 width in a product
+        assert not re.search(product, code), product
+
+
+def test_memory_estimator_html_is_self_contained_with_unique_ids():
+    a, b = est.memory_estimator().html(), est.memory_estimator("gpt2", seq_len=512).html()
+    for page in (a, b):
+        assert "<style>" in page and est._estimator_script() in page
+        t = _tags(page)
+        assert t.urls == [] and not re.search(r"https?://|url\(|@import", page)
+        assert len(t.ids) == len(set(t.ids))
+        data = json.loads(re.search(r'data-role="data">(.*?)</script>', page).group(1))
+        assert data == json.loads(json.dumps(est.estimator_data(
+            "llama2-7b" if page is a else "gpt2")))
+    assert not set(_tags(a).ids) & set(_tags(b).ids)
+    assert '<span class="est-badge">estimated</span>' in a
+    assert f"minus {RESERVED_BYTES / 2**30:.2f} GiB" in a and "usable memory" in a
+
+
+def test_readout_is_memlab_estimate_formatted():
+    r = est.estimate_readout("llama2-7b", batch_size=2, seq_len=1024, precision="bf16-mixed",
+                             checkpointing=True)
+    e = estimate("llama2-7b", batch_size=2, seq_len=1024, precision="bf16-mixed",
+                 checkpointing=True)
+    assert r["error"] is None and r["peak_bytes"] == e.peak_bytes
+    assert r["peak"] == f"estimated peak {e.peak_bytes / 2**30:,.2f} GiB, in the {e.peak_phase} phase"
+    for p in PHASES:
+        assert r["phases"][p]["bytes"] == e.phase_peak_bytes[p]
+        assert sum(r["phases"][p]["categories"].values()) == e.phase_peak_bytes[p]
+    assert r["gpus"] == {g.name: fits(e.peak_bytes, g) for g in CATALOGUE}
+    assert r["setup"] == ("llama2-7b: 6,738,415,616 parameters; batch 2 \u00d7 1,024 tokens, "
+                          "bf16-mixed, adamw (foreach), sdpa attention, checkpointing, "
+                          "cuda conventions")
+    small = est.estimate_readout("tiny", batch_size=1, seq_len=16, precision="fp32")
+    assert small["unit"] == "MiB" and small["peak"].endswith("MiB, in the optimizer phase")
+    assert small["fits"] == "fits on: " + ", ".join(g.name for g in CATALOGUE)
+    capped = est.estimate_readout("gpt2", seq_len=4096)
+    assert capped["note"] == ("note: gpt2 takes at most 1,024 tokens; sequence length 4,096 "
+                              "capped at 1,024")
+    assert est.estimate_readout("gpt2", optimizer="adamw-8bit", optimizer_impl="fused") == {
+        "error": "memlab: error: optimizer 'adamw-8bit' has its own kernels; accepted "
+                 "optimizer_impl for it: foreach, for-loop"}
+    assert est.estimate_readout("gpt2", batch_size=0) == {
+        "error": "memlab: error: batch_size must be a positive integer, got 0"}
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(model="llama9"), "unknown model 'llama9'; accepted: tiny"),
+    (dict(precision="fp8"), "unknown precision 'fp8'; accepted: fp32"),
+    (dict(optimizer="lion"), "unknown optimizer 'lion'; accepted: adamw"),
+    (dict(device="mps"), "unknown device 'mps'; accepted: cuda, cpu"),
+    (dict(attention="flash3"), "unknown attention 'flash3'; accepted: sdpa, eager"),
+    (dict(batch_size=0), "batch_size must be a positive integer, got 0"),
+    (dict(gpus=("T4", "V100")), "unknown GPU 'V100'; accepted: T4"),
+])
+def test_memory_estimator_bad_input_is_one_line(kwargs, needle):
+    with pytest.raises(MemlabError) as info:
+        est.memory_estimator(**kwargs)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_memory_estimator_takes_a_loaded_config_and_reprs_as_text(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt2", "n_embd": 256, "n_layer": 2, "n_head": 4,
+                                "n_positions": 256, "vocab_size": 1000}))
+    view = est.memory_estimator(get_config(str(path)), seq_len=128)
+    assert f'<option value="config: {path}" selected>' in view.html()
+    text = repr(view)
+    assert text.startswith(f"{path}: ") and "estimated peak" in text and "usable memory" in text
+    assert est.memory_estimator(PRESETS["gpt2"]).readout()["model"] == "gpt2"
+
+
+def test_test_settings_are_seeded_and_cover_every_switch():
+    cases = est.test_settings(300, seed=3)
+    assert repr(cases) == repr(est.test_settings(300, seed=3))
+    pasted = [raw for _, raw, _ in cases if raw is not None]
+    assert len(pasted) == 100
+    styles = {raw["model_type"] for raw in pasted}
+    assert styles == {"gpt2", "llama", "mistral"}
+    for key in ("precision", "optimizer", "optimizer_impl", "attention", "device",
+                "checkpointing"):
+        assert len({s[key] for _, _, s in cases}) > 1, key
+    for raw in pasted:  # every random config is one the loader accepts
+        config_from_hf_dict(raw, est.PASTED_SOURCE)
+
+
+NODE_RUNNER = """
+const est = require(process.argv[1]);
+const input = JSON.parse(require("fs").readFileSync(0, "utf8"));
+const K = input.K;
+const models = Object.fromEntries(K.models.map((m) => [m.key, m.config]));
+process.stdout.write(JSON.stringify(input.cases.map(([key, raw, setting]) => {
+  let cfg = models[key];
+  if (raw !== null) {
+    try { cfg = est.configFromHF(raw, K, K.pasted_source); }
+    catch (e) { if (e.memlab) return {error: "memlab: error: " + e.message}; throw e; }
+  }
+  return est.readout(cfg, setting, K);
+})));
+"""
+
+
+def test_script_under_node_matches_python_when_node_is_there():
+    """The same arithmetic as the browser test, without a browser: quick, and skipped without node."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed; the browser test checks the script in Chromium")
+    cases = est.test_settings(1500, seed=7)
+    run = subprocess.run([node, "-e", NODE_RUNNER, str(SCRIPT)],
+                         input=json.dumps({"K": est.estimator_data(), "cases": cases}),
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout)
+    bad = []
+    for (key, raw, setting), page in zip(cases, got, strict=True):
+        cfg = PRESETS[key] if raw is None else config_from_hf_dict(raw, est.PASTED_SOURCE)
+        want = est.estimate_readout(cfg, **setting)
+        if page != want:
+            bad.append((key or raw, setting, page, want))
+    assert not bad, f"{len(bad)} of {len(cases)} differ, e.g. {bad[:1]}"
+
+
+def test_old_widget_text_names_usable_memory():
+    fig, text = estimate_summary("gpt2", seq_len=256)
+    plt.close(fig)
+    assert "usable memory" in text and f"minus {RESERVED_BYTES / 2**30:.2f} GiB" in text

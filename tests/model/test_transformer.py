@@ -199,3 +199,67 @@ def test_tiny_preset_is_pinned():
 def test_gpt2_style_with_grouped_query_attention_counts_exactly():
     cfg = get_config("tiny-gpt2", n_kv_head=2)
     assert cfg.num_parameters() == count_parameters(build_model(cfg, device="meta"))
+
+
+def test_hf_config_is_named_by_its_own_name_else_by_its_path(tmp_path):
+    folder = tmp_path / "gpt2-medium"
+    folder.mkdir()
+    path = folder / "config.json"
+    raw = {"model_type": "gpt2", "n_embd": 1024, "n_layer": 24, "n_head": 16,
+           "n_positions": 1024, "vocab_size": 50257}
+    path.write_text(json.dumps(raw))
+    assert get_config(str(path)).name == str(path)  # not the folder's name alone
+    path.write_text(json.dumps(dict(raw, _name_or_path="gpt2-medium")))
+    assert get_config(str(path)).name == "gpt2-medium"
+    path.write_text(json.dumps(dict(raw, _name_or_path="")))
+    assert get_config(str(path)).name == str(path)
+    from memlab.model.transformer import config_from_hf_dict
+
+    assert config_from_hf_dict(raw).name == "gpt2 (24 layers, width 1024)"
+    assert config_from_hf_dict(raw).num_parameters() == 354_823_168
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"model_type": ["llama"]}, "the config has model_type ['llama']; accepted: gpt2, llama, mistral"),
+    ({"model_type": "gpt2", "vocab_size": 10, "n_layer": 1, "n_head": 1, "n_positions": 8},
+     "the config lacks the key 'n_embd'; accepted keys: n_embd, hidden_size"),
+    ({"model_type": "llama", "vocab_size": 10, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "hidden_size": "8", "intermediate_size": 8, "head_dim": 4},
+     "the config: hidden_size must be a positive integer, got '8'"),
+    ({"model_type": "llama", "vocab_size": 10, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "hidden_size": 8, "intermediate_size": 8, "rope_theta": "10k"},
+     "the config: rope_theta must be a number, got '10k'"),
+    ({"model_type": "llama", "vocab_size": 10, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "hidden_size": 8, "intermediate_size": 8, "tie_word_embeddings": "yes"},
+     "the config: tie_word_embeddings must be true, false or null, got 'yes'"),
+    ({"model_type": "llama", "vocab_size": 10, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "num_key_value_heads": 3, "hidden_size": 8, "intermediate_size": 8},
+     "the config: num_key_value_heads (3) must divide num_attention_heads (4)"),
+    ({"model_type": "gpt2", "vocab_size": 10, "n_layer": 1, "n_head": 3, "n_embd": 8,
+      "n_positions": 8}, "the config: n_embd (8) must be divisible by n_head (3)"),
+    ({"model_type": "llama", "vocab_size": 10, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "hidden_size": 8, "intermediate_size": 8, "head_dim": 8},
+     "the config sets head_dim 8, not hidden_size / num_attention_heads = 4, which the book's "
+     "model needs; accepted: 4 or absent"),
+    ({"model_type": "llama", "vocab_size": 10, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "hidden_size": 8, "intermediate_size": 8, "mlp_bias": True},
+     "the config sets mlp_bias to True: biases in attention or MLP"),
+])
+def test_hf_dict_errors_name_the_key_and_the_accepted_values(raw, message):
+    from memlab.model.transformer import config_from_hf_dict
+
+    with pytest.raises(MemlabError) as exc:
+        config_from_hf_dict(raw)
+    assert str(exc.value).startswith(message) and "\n" not in str(exc.value)
+
+
+def test_hf_counts_written_as_integral_floats_are_read():
+    from memlab.model.transformer import config_from_hf_dict
+
+    raw = {"model_type": "llama", "vocab_size": 32000.0, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "hidden_size": 64, "intermediate_size": 176.0,
+           "num_key_value_heads": 2}
+    cfg = config_from_hf_dict(raw)
+    assert (cfg.vocab_size, cfg.d_ff) == (32000, 176) and isinstance(cfg.vocab_size, int)
+    with pytest.raises(MemlabError, match="num_hidden_layers must be a positive integer, got 2.5"):
+        config_from_hf_dict(dict(raw, num_hidden_layers=2.5))

@@ -1,4 +1,4 @@
-"""Interactive pieces: the bit viewer (works without a kernel) and the memory estimator widget.
+"""Interactive pieces that work without a kernel: the bit viewer and the memory estimator.
 
 The pieces live in this folder's modules; their public names are re-exported here, so that
 ``from memlab.interactive import ...`` reaches them. ``experiments.py`` and ``claims.py`` register
@@ -19,10 +19,16 @@ from memlab.interactive.bitviewer import (  # noqa: F401
 )
 from memlab.interactive.estimator import (  # noqa: F401
     BATCH_SIZES,
+    PASTED_KEY,
+    PASTED_SOURCE,
     PNG_SCALE,
     SEQ_LENS,
     WIDGET_OPTIMIZERS,
+    EstimatorView,
+    estimate_readout,
     estimate_summary,
+    estimator_data,
     estimator_widget,
+    memory_estimator,
     render_outputs,
 )

@@ -189,71 +189,137 @@ def get_config(name_or_path: str | Path, **overrides) -> ModelConfig:
     return cfg
 
 
-_HF_LLAMA_TYPES = ("llama", "mistral")
+# Hugging Face config.json -------------------------------------------------------------------
+# One table says how a config.json becomes a ModelConfig; the Python loader below and the
+# kernel-free estimator's script (memlab.interactive.estimator) both read it.
+HF_STYLES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama"}  # model_type -> style
+HF_KINDS = {  # what a field's value must be, as the one-line errors say it
+    "count": "a positive integer",
+    "count-or-null": "a positive integer or null",
+    "number": "a number",
+    "flag-or-null": "true, false or null",
+}
+HF_BIAS_FLAGS = ("attention_bias", "mlp_bias")  # biases the Llama-style model does not have
+
+
+@dataclass(frozen=True)
+class HFField:
+    """One :class:`ModelConfig` field read from a config.json: the keys tried in order, the value's kind, the default when absent."""
+
+    field: str  # the ModelConfig field
+    keys: tuple[str, ...]  # Hugging Face keys, tried in order
+    kind: str  # a key of HF_KINDS
+    required: bool = True
+    default: object = None  # when no key is present (required=False)
+
+
+HF_FIELDS: dict[str, tuple[HFField, ...]] = {
+    "gpt2": (
+        HFField("vocab_size", ("vocab_size",), "count"),
+        HFField("n_layer", ("n_layer", "num_hidden_layers"), "count"),
+        HFField("n_head", ("n_head", "num_attention_heads"), "count"),
+        HFField("d_model", ("n_embd", "hidden_size"), "count"),
+        HFField("d_ff", ("n_inner",), "count-or-null", required=False),
+        HFField("max_seq_len", ("n_positions", "max_position_embeddings"), "count"),
+        HFField("norm_eps", ("layer_norm_epsilon",), "number", required=False, default=1e-5),
+        HFField("tie_embeddings", ("tie_word_embeddings",), "flag-or-null", required=False,
+                default=True),
+    ),
+    "llama": (
+        HFField("vocab_size", ("vocab_size",), "count"),
+        HFField("n_layer", ("num_hidden_layers",), "count"),
+        HFField("n_head", ("num_attention_heads",), "count"),
+        HFField("n_kv_head", ("num_key_value_heads",), "count-or-null", required=False),
+        HFField("d_model", ("hidden_size",), "count"),
+        HFField("d_ff", ("intermediate_size",), "count"),
+        HFField("max_seq_len", ("max_position_embeddings",), "count", required=False,
+                default=2048),
+        HFField("norm_eps", ("rms_norm_eps",), "number", required=False, default=1e-5),
+        HFField("rope_theta", ("rope_theta",), "number", required=False, default=10000.0),
+        HFField("tie_embeddings", ("tie_word_embeddings",), "flag-or-null", required=False,
+                default=False),
+    ),
+}
+
+
+def _hf_value(source: str, key: str, value, kind: str):
+    """``value`` checked against ``kind``; JSON has one number type, so 768.0 reads as 768."""
+    if kind in ("count", "count-or-null"):
+        if value is None and kind == "count-or-null":
+            return None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    elif kind == "number":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:  # flag-or-null
+        ok = value is None or isinstance(value, bool)
+    if not ok:
+        raise MemlabError(f"{source}: {key} must be {HF_KINDS[kind]}, got {value!r}")
+    return value
+
+
+def config_from_hf_dict(raw, source: str = "the config", name: str | None = None) -> ModelConfig:
+    """A :class:`ModelConfig` from a parsed Hugging Face config.json (GPT-2, Llama, Mistral) (chapter: 1).
+
+    ``source`` names the config in the one-line errors; the model's name is the config's
+    ``_name_or_path``, else ``name``, else its model_type and size.
+    """
+    if not isinstance(raw, dict):
+        raise MemlabError(f"{source} must hold a JSON object")
+    mtype = raw.get("model_type")
+    if not isinstance(mtype, str) or mtype not in HF_STYLES:
+        raise MemlabError(f"{source} has model_type {mtype!r}; accepted: {', '.join(HF_STYLES)}")
+    style = HF_STYLES[mtype]
+    if style == "llama":  # shapes this model cannot express are refused rather than counted wrongly
+        for flag in HF_BIAS_FLAGS:
+            if raw.get(flag):
+                raise MemlabError(f"{source} sets {flag} to {raw[flag]!r}: biases in attention "
+                                  "or MLP, which the book's Llama-style model does not have; "
+                                  "accepted: false or absent")
+    values, used = {}, {}
+    for f in HF_FIELDS[style]:
+        key = next((k for k in f.keys if k in raw), None)
+        if key is None:
+            if f.required:
+                raise MemlabError(f"{source} lacks the key {f.keys[0]!r}; accepted keys: "
+                                  f"{', '.join(f.keys)}")
+            values[f.field] = f.default
+        else:
+            values[f.field] = _hf_value(source, key, raw[key], f.kind)
+        used[f.field] = key or f.keys[0]
+    C, nh, nkv = values["d_model"], values["n_head"], values.get("n_kv_head")
+    if C % nh:
+        raise MemlabError(f"{source}: {used['d_model']} ({C}) must be divisible by "
+                          f"{used['n_head']} ({nh})")
+    if nkv is not None and nh % nkv:
+        raise MemlabError(f"{source}: {used['n_kv_head']} ({nkv}) must divide {used['n_head']} "
+                          f"({nh})")
+    if style == "llama" and raw.get("head_dim") not in (None, C // nh):
+        raise MemlabError(f"{source} sets head_dim {raw['head_dim']!r}, not {used['d_model']} / "
+                          f"{used['n_head']} = {C // nh}, which the book's model needs; accepted: "
+                          f"{C // nh} or absent")
+    own = raw.get("_name_or_path")
+    if not (isinstance(own, str) and own):
+        own = name or f"{mtype} ({values['n_layer']} layers, width {C})"
+    return ModelConfig(name=own, style=style, **values)
 
 
 def config_from_hf(path: str | Path) -> ModelConfig:
-    """Read a Hugging Face ``config.json`` (GPT-2, Llama, Mistral) from disk; never fetches (chapter: 1)."""
+    """Read a Hugging Face ``config.json`` (GPT-2, Llama, Mistral) from disk; never fetches (chapter: 1).
+
+    The model is named by the config's ``_name_or_path``, else by the file's path.
+    """
     path = Path(path)
+    source = f"config file {str(path)!r}"
     if not path.is_file():
-        raise MemlabError(f"config file {str(path)!r} does not exist")
+        raise MemlabError(f"{source} does not exist")
     try:
         raw = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MemlabError(f"config file {str(path)!r} is not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
-    if not isinstance(raw, dict):
-        raise MemlabError(f"config file {str(path)!r} must hold a JSON object")
-    mtype = raw.get("model_type")
-    accepted = ("gpt2", *_HF_LLAMA_TYPES)
-    if mtype not in accepted:
-        raise MemlabError(
-            f"config file {str(path)!r} has model_type {mtype!r}; accepted: {', '.join(accepted)}"
-        )
-
-    def need(*keys):
-        for k in keys:
-            if k in raw:
-                return raw[k]
-        raise MemlabError(f"config file {str(path)!r} lacks the key {keys[0]!r}")
-
-    # Shapes this model cannot express are refused rather than counted wrongly.
-    if raw.get("attention_bias") or raw.get("mlp_bias"):
-        raise MemlabError(f"config file {str(path)!r} uses biases in attention or MLP, which "
-                          "the book's Llama-style model does not have")
-    if mtype != "gpt2" and raw.get("head_dim") not in (None, raw.get("hidden_size", 0)
-                                                      // max(raw.get("num_attention_heads", 1), 1)):
-        raise MemlabError(f"config file {str(path)!r} sets head_dim {raw['head_dim']} != "
-                          "hidden_size / num_attention_heads, which the book's model does not support")
-    try:
-        if mtype == "gpt2":
-            return ModelConfig(
-                name=raw.get("_name_or_path") or path.parent.name or "gpt2-config",
-                style="gpt2",
-                vocab_size=need("vocab_size"),
-                n_layer=need("n_layer", "num_hidden_layers"),
-                n_head=need("n_head", "num_attention_heads"),
-                d_model=need("n_embd", "hidden_size"),
-                d_ff=raw.get("n_inner"),
-                max_seq_len=need("n_positions", "max_position_embeddings"),
-                norm_eps=raw.get("layer_norm_epsilon", 1e-5),
-                tie_embeddings=raw.get("tie_word_embeddings", True),
-            )
-        return ModelConfig(
-            name=raw.get("_name_or_path") or path.parent.name or f"{mtype}-config",
-            style="llama",
-            vocab_size=need("vocab_size"),
-            n_layer=need("num_hidden_layers"),
-            n_head=need("num_attention_heads"),
-            n_kv_head=raw.get("num_key_value_heads"),
-            d_model=need("hidden_size"),
-            d_ff=need("intermediate_size"),
-            max_seq_len=raw.get("max_position_embeddings", 2048),
-            norm_eps=raw.get("rms_norm_eps", 1e-5),
-            rope_theta=float(raw.get("rope_theta", 10000.0)),
-            tie_embeddings=raw.get("tie_word_embeddings", False),
-        )
-    except TypeError as exc:  # e.g. a string where a number belongs
-        raise MemlabError(f"config file {str(path)!r} is malformed: {exc}") from None
+        raise MemlabError(f"{source} is not valid JSON "
+                          f"({exc.msg if hasattr(exc, 'msg') else exc})") from None
+    return config_from_hf_dict(raw, source, name=str(path))
 
 
 # Modules ---------------------------------------------------------------------------------
