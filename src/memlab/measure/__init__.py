@@ -1,5 +1,6 @@
 """Part 0, how memlab measures memory (chapter 0): the peak of a callable, a training step by
-category, a step traced without allocating it, and timing with CUDA events.
+category, a step traced without allocating it, a step's memory over time with the CUDA
+allocator's rules and its out-of-memory message, and timing with CUDA events.
 
 The pieces live in this folder's modules; their public names are re-exported here, so that
 ``from memlab.measure import ...`` reaches them. ``experiments.py`` and ``claims.py`` register
@@ -17,6 +18,23 @@ from memlab.measure.step import (  # noqa: F401
     measure_peak,
     measure_step,
     trace_step,
+)
+from memlab.measure.timeline import (  # noqa: F401
+    ALLOCATOR_SOURCE,
+    Fragmentation,
+    MemoryTimeline,
+    OutOfMemory,
+    cuda_allocated_size,
+    cuda_block_size,
+    cuda_pool,
+    cuda_segment_size,
+    first_oom,
+    format_size,
+    fragmentation,
+    measure_cuda_blocks,
+    measure_timeline,
+    model_state_requests,
+    profiler_export_categories,
 )
 from memlab.measure.timing import (  # noqa: F401
     not_measurable,

@@ -13,6 +13,7 @@ from memlab.plot.measure import (  # noqa: F401
 from memlab.plot.memory import (  # noqa: F401
     bytes_per_param,
     error_histogram,
+    ratio_heatmap,
 )
 from memlab.plot.precision import (  # noqa: F401
     FORMAT_COLORS,
@@ -37,4 +38,7 @@ from memlab.plot.style import (  # noqa: F401
     CATEGORY_LABELS,
     as_dict,
     style,
+)
+from memlab.plot.timeline import (  # noqa: F401
+    memory_timeline,
 )
