@@ -367,11 +367,26 @@ def test_same_number_table_for_pi():
 
     t = same_number(math.pi)
     assert t.loc["fp16", "stored"] == 3.140625 == t.loc["bf16", "stored"]
-    assert t.loc["int8, cast", "stored"] == 3.0
+    assert t.loc["int8, cast", "stored"] == 3.0 == t.loc["int8, round and clamp", "stored"]
+    assert t.loc["int8, cast", "bits"] == "00000011"
     absmax_own = t.loc[f"int8, absmax {math.pi:g}", "stored"]
     assert absmax_own == pytest.approx(math.pi, rel=1e-6)
     assert t.loc["int8, absmax 10", "stored"] == pytest.approx(40 * 10 / 127, rel=1e-6)
     assert (t["relative error"] >= 0).all()
+
+
+def test_a_cast_to_int8_truncates_and_wraps_where_rounding_rounds_and_saturates():
+    from memlab.precision.formats import int8_cast, round_to, same_number
+
+    x = torch.tensor([2.7, -2.7, 300.0, -300.0, 0.5, -0.5])
+    assert int8_cast(x).tolist() == x.to(torch.int8).tolist() == [2, -2, 44, -44, 0, 0]
+    assert round_to(x, "int8").tolist() == [3, -3, 127, -128, 0, -0.0]  # half to even
+    assert int8_cast(2.7).item() == 2.0 and int8_cast(x).dtype == torch.float64
+    t = same_number(2.7)
+    assert (t.loc["int8, cast", "stored"], t.loc["int8, round and clamp", "stored"]) == (2, 3)
+    t = same_number(-300.0)
+    assert t.loc["int8, cast", "stored"] == -44 and "wrapped" in t.loc["int8, cast", "note"]
+    assert t.loc["int8, round and clamp", "note"] == "clamped to -128"
 
 
 def test_probe_formats_on_cpu():

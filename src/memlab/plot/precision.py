@@ -16,14 +16,18 @@ MODE_COLORS = {
     "bf16-autocast": "#4C72B0",
     "bf16-pure": "#55A868",
 }
-MEMORY_PARTS = (  # (field of a ModeMemory, label, colour) for memory_by_mode
-    ("parameters_bytes", "parameters", CATEGORY_COLORS["parameters"]),
-    ("gradients_bytes", "gradients", CATEGORY_COLORS["gradients"]),
-    ("optimizer_states_bytes", "optimizer states", CATEGORY_COLORS["optimizer_states"]),
-    ("activations_only_bytes", "saved activations", CATEGORY_COLORS["activations"]),
-    ("weight_cast_cache_bytes", "weight-cast cache", "#E8A0A2"),
-    ("grad_scaler_bytes", "GradScaler state", CATEGORY_COLORS["temporaries"]),
+# (category of a ModeMemory's phase_breakdown, label, colour), bottom to top, for memory_by_mode;
+# 'weight_cast_cache' is the part of the activations that autocast's weight copies take.
+MEMORY_PARTS = (
+    ("parameters", "parameters", CATEGORY_COLORS["parameters"]),
+    ("gradients", "gradients", CATEGORY_COLORS["gradients"]),
+    ("optimizer_states", "optimizer states", CATEGORY_COLORS["optimizer_states"]),
+    ("activations", "activations", CATEGORY_COLORS["activations"]),
+    ("weight_cast_cache", "weight-cast cache (part of the activations)", "#E8A0A2"),
+    ("temporaries", "temporaries", CATEGORY_COLORS["temporaries"]),
+    ("other", "other (token ids, GradScaler state)", CATEGORY_COLORS["other"]),
 )
+PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
 
 
 def loss_curves(result, title: str | None = None):
@@ -105,7 +109,8 @@ def gradient_histogram(result, setting: str | None = None, mode: str = "fp32",
              ("fp16 max", f16["max"], "0.3", "-."))
     for label, value, color, ls in lines:
         x = math.log2(value)
-        ax.axvline(x, color=color, ls=ls, lw=1.2, label=f"{label} {value:.3g} (2^{x:.4g})")
+        power = f"2^{x:.0f}" if x.is_integer() else f"2^{x:.4f}"  # fp16's max is just below 2^16
+        ax.axvline(x, color=color, ls=ls, lw=1.2, label=f"{label} {value:.3g} ({power})")
     lo = min(used + [math.log2(f16["min_subnormal"])]) - 2
     hi = max(used + [math.log2(f16["max"])]) + 2
     ax.axvspan(lo, math.log2(f16["min_subnormal"]), color="#C44E52", alpha=0.08)
@@ -121,50 +126,82 @@ def gradient_histogram(result, setting: str | None = None, mode: str = "fp32",
     return fig
 
 
-def memory_by_mode(result, which: str = "small", unit: str | None = None,
-                   title: str | None = None):
-    """Stacked bars per mode: per-parameter state, saved activations, weight-cast cache; peak marked (chapter: 2).
+def memory_phase_parts(row: dict, phase: str) -> dict[str, int]:
+    """Bytes per part of ``MEMORY_PARTS`` alive at one phase's peak of a ModeMemory (as a dict) (chapter: 2).
 
-    ``which='small'`` shows the trained model (measured), ``'large'`` the 7B-class trace. The
-    bars add up what the step holds by category (gradients and saved activations are not all
-    alive at once); the diamond is the measured or traced peak.
+    The weight-cast cache is split out of the activations in a phase where all the saved
+    activations are alive (the forward peak, the start of backward); the parts add up to the
+    phase's peak exactly.
     """
+    cats = dict(row["phase_breakdown"][phase])
+    parts = {key: cats.get(key, 0) for key, _, _ in MEMORY_PARTS}
+    cache = row["weight_cast_cache_bytes"]
+    if cache and cats.get("activations", 0) >= max(row["saved_activations_bytes"], cache):
+        parts["weight_cast_cache"] = cache
+        parts["activations"] -= cache
+    return parts
+
+
+def memory_by_mode(result, which: str = "large", unit: str | None = None,
+                   title: str | None = None):
+    """Bytes alive at each phase's peak, one stacked bar per phase, grouped by mode (chapter: 2).
+
+    ``which='small'`` shows the trained model (measured), ``'large'`` the 7B-class model
+    (estimated). Each bar is what is alive at the peak of its phase (forward, backward,
+    optimizer), so its top is that phase's peak; the mode's peak is labelled, with its ratio to
+    fp32's. Parts with no bytes in any bar get no legend entry.
+    """
+    import matplotlib.transforms as mtransforms
+
     style()
     check_choice("memory", which, ("small", "large"))
     d = as_dict(result)
-    rows = d["memory"] if which == "small" else d["memory_large"]
+    rows = [as_dict(r) for r in (d["memory"] if which == "small" else d["memory_large"])]
     peak = max((r["peak_bytes"] for r in rows), default=0)
     unit = unit or ("GiB" if peak >= 2**30 else "MiB")
     scale = UNITS[check_choice("unit", unit, UNITS)]
     batches = {r["batch_size"] for r in rows}
-    labels = [r["mode"] + (f", batch {r['batch_size']}" if len(batches) > 1 else "")
-              for r in rows]
-    fig, ax = plt.subplots(figsize=(8.0, 1.4 + 0.5 * len(rows)))
-    left = [0.0] * len(rows)
+    phases = list(PHASE_SHORT)
+    gap = 1.0
+    width = min(14.0, max(8.0, 0.62 * len(rows) * (len(phases) + gap)))
+    fig, ax = plt.subplots(figsize=(width, 4.4))
+    xs, tick_labels, bars = [], [], []  # one entry per bar: (row, phase)
+    for i, r in enumerate(rows):
+        for j, phase in enumerate(phases):
+            xs.append(i * (len(phases) + gap) + j)
+            tick_labels.append(PHASE_SHORT[phase])
+            bars.append((r, phase))
+    parts = [memory_phase_parts(r, phase) for r, phase in bars]
+    bottom = [0.0] * len(bars)
     for key, label, color in MEMORY_PARTS:
-        if key == "activations_only_bytes":
-            vals = [(r["saved_activations_bytes"] - r["weight_cast_cache_bytes"]) / scale
-                    for r in rows]
-        else:
-            vals = [r[key] / scale for r in rows]
+        vals = [p[key] / scale for p in parts]
         if not any(vals):
             continue
-        ax.barh(labels, vals, left=left, color=color, label=label)
-        left = [a + b for a, b in zip(left, vals, strict=True)]
-    peaks = [r["peak_bytes"] / scale for r in rows]
-    ax.plot(peaks, range(len(rows)), "D", color="black", ms=5, label="peak")
-    for i, r in enumerate(rows):
+        ax.bar(xs, vals, bottom=bottom, width=0.8, color=color, label=label)
+        bottom = [a + b for a, b in zip(bottom, vals, strict=True)]
+    for x, (r, phase), top in zip(xs, bars, bottom, strict=True):
+        if phase != r["peak_phase"]:
+            continue
         ratio = r.get("peak_ratio_to_fp32")
-        text = f"{peaks[i]:,.2f} {unit}" + (f" (x{ratio:.2f} of fp32)" if ratio else "")
-        ax.annotate(text, (max(left[i], peaks[i]), i), xytext=(6, 0),
-                    textcoords="offset points", va="center", fontsize=8)
+        text = f"{top:,.2f}" + (f"\nx{ratio:.2f}" if ratio else "")
+        ax.annotate(text, (x, top), xytext=(0, 3), textcoords="offset points", ha="center",
+                    va="bottom", fontsize=7)
+    ax.set_xticks(xs, tick_labels, fontsize=7)
+    under = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
+    for i, r in enumerate(rows):
+        label = r["mode"] + (f"\nbatch {r['batch_size']}" if len(batches) > 1 else "")
+        ax.text(i * (len(phases) + gap) + (len(phases) - 1) / 2, -0.09, label, ha="center",
+                va="top", fontsize=8, transform=under)
     how = rows[0]["how"] if rows else ""
     model = rows[0]["model"] if rows else ""
-    ax.set_xlabel(f"bytes ({unit}), {how}: {model}, seq {rows[0]['seq_len'] if rows else ''}")
-    ax.invert_yaxis()
-    ax.set_xlim(0, max(left + peaks + [1e-9]) * 1.45)
+    shape = (f"batch {rows[0]['batch_size']} x seq {rows[0]['seq_len']}" if len(batches) == 1
+             else f"seq {rows[0]['seq_len']}") if rows else ""
+    ax.set_ylabel(f"bytes alive at the phase's peak ({unit})")
+    ax.set_xlabel(f"{how}: {model}, {shape}; peak of each mode labelled ({unit}, x fp32's)",
+                  labelpad=26)
+    ax.set_ylim(0, max(bottom + [1e-9]) * 1.18)
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    ax.grid(axis="y", visible=False)
+    ax.grid(axis="x", visible=False)
     if title:
         ax.set_title(title)
     fig.tight_layout()

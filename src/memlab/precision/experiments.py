@@ -8,8 +8,8 @@ from memlab.precision.mixed import Fp8Matmul, MixedPrecisionResult
 
 # Mixed-precision training (chapter 2) ----------------------------------------------------------
 MIXED_SIZES = {
-    "ci": dict(model="tiny", model_overrides=dict(vocab_size=128, name="tiny-v128"), steps=50,
-               batch_size=8, seq_len=32, lr=1e-2, accumulation=4096,
+    "ci": dict(model="tiny", model_overrides=dict(vocab_size=128, name="tiny-v128"), steps=40,
+               batch_size=4, seq_len=32, lr=1e-2, accumulation=8192,
                large=dict(model="llama2-7b", batch_sizes=(1,), seq_len=2048), times=None),
     "full": dict(model="tiny", model_overrides=dict(vocab_size=1024, n_layer=4, n_head=8,
                                                     n_kv_head=4, d_model=256, d_ff=704,

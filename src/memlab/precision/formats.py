@@ -10,7 +10,8 @@ fp8-e5m2 overflow to inf; fp8-e4m3 (``float8_e4m3fn``, no inf) saturates to +-44
 infinities included, and only NaN stays NaN.
 
 Integer formats (int8, int4) round half to even. ``bits`` refuses a value outside the range,
-``round_to`` clamps (saturates) to it. Code-book formats (nf4, fp4) store a 4-bit index into the
+``round_to`` clamps (saturates) to it; ``int8_cast`` is torch's cast instead, which truncates
+toward zero and wraps. Code-book formats (nf4, fp4) store a 4-bit index into the
 16-value table that bitsandbytes defines, for values already scaled into [-1, 1].
 """
 
@@ -442,11 +443,23 @@ def representable(fmt: str, positive: bool = True) -> torch.Tensor:
     return vals[vals > 0] if positive else vals
 
 
-def same_number(x, absmax_blocks=(None, 10.0)):
-    """A pandas DataFrame: ``x`` stored in each float format, int8 cast and int8 absmax (chapter: 2).
+def int8_cast(x) -> torch.Tensor:
+    """What torch's cast ``x.to(torch.int8)`` stores, as float64: truncated toward zero, wrapped when out of range (chapter: 2).
 
-    ``absmax_blocks`` gives the largest magnitude of the block ``x`` is quantized with (None: a
-    block whose largest value is ``x`` itself).
+    A cast is not rounding: 2.7 becomes 2, and a value outside int8's range comes back as
+    another integer (C++ leaves it undefined; x86 and ARM keep the low 8 bits of the int32).
+    Compare :func:`round_to`, which rounds to nearest and saturates.
+    """
+    t = x if isinstance(x, torch.Tensor) else torch.tensor(parse_value(x), dtype=torch.float64)
+    return t.to(torch.int8).to(torch.float64)
+
+
+def same_number(x, absmax_blocks=(None, 10.0)):
+    """A pandas DataFrame: ``x`` stored in each float format, in int8 by a cast, by rounding, and by absmax (chapter: 2).
+
+    Rows ``int8, cast`` (torch's ``.to(torch.int8)``: truncates toward zero, wraps out of range)
+    and ``int8, round and clamp`` (:func:`round_to`); ``absmax_blocks`` gives the largest
+    magnitude of the block ``x`` is quantized with (None: a block whose largest value is ``x``).
     """
     from memlab.quant.functional import absmax_quantize, dequantize
 
@@ -457,9 +470,17 @@ def same_number(x, absmax_blocks=(None, 10.0)):
         b = bits(x, fmt)
         rows.append({"format": fmt, "bits": b.bit_string, "stored": b.value, "error": b.error,
                      "note": b.note})
-    naive = round_to(x, "int8")
-    rows.append({"format": "int8, cast", "bits": bits(naive, "int8").bit_string, "stored": naive,
-                 "error": naive - x, "note": "rounded to an integer"})
+    lo, hi = spec("int8").min, spec("int8").max
+    inside = lo <= x <= hi
+    if math.isfinite(x):
+        cast = int8_cast(x).item()
+        rows.append({"format": "int8, cast", "bits": bits(cast, "int8").bit_string,
+                     "stored": cast, "error": cast - x,
+                     "note": "truncated toward zero" + ("" if inside else ", wrapped")})
+    rounded = round_to(x, "int8")
+    rows.append({"format": "int8, round and clamp", "bits": bits(rounded, "int8").bit_string,
+                 "stored": rounded, "error": rounded - x,
+                 "note": "rounded to the nearest integer" if inside else f"clamped to {rounded:g}"})
     for block_max in absmax_blocks:
         top = abs(x) if block_max is None else float(block_max)
         q, state = absmax_quantize(torch.tensor([x, top], dtype=torch.float32))

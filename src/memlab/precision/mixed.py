@@ -28,10 +28,12 @@ pre-training with batches of millions of tokens. Each step runs one micro-batch:
 happens inside each micro-batch's backward, so one is enough to show it, and AdamW's update is
 nearly independent of the gradient's overall scale (its eps aside), so fp32 learns alike in both.
 
-Memory per mode comes from :func:`memlab.measure.step.measure_step` (the small model, real tensors)
-and :func:`memlab.measure.step.trace_step` (a 7B model under FakeTensorMode). ``fp16-autocast`` and
-``fp16-scaled`` hold the same tensors (precision ``fp16-mixed``); the scaler adds its own two
-one-element tensors, counted from the scaler itself.
+Memory per mode comes from :func:`memlab.measure.step.measure_step` (the small model, real tensors),
+:func:`memlab.measure.step.trace_step` (under FakeTensorMode) or chapter 1's estimator (a 7B
+model; chapter 1 holds it to the trace). ``fp16-autocast`` and ``fp16-scaled`` hold the same
+tensors (precision ``fp16-mixed``); the scaler adds its own two one-element tensors, counted from
+the scaler itself. :func:`autocast_crossover` finds the batch from which autocast's saved
+activations, and its peak, fall below fp32's.
 
 :func:`step_times` and :func:`fp8_matmul` need a CUDA GPU (fp8 one of compute capability 8.9 or
 newer); elsewhere they return a result whose ``status`` says why nothing was measured.
@@ -58,6 +60,7 @@ from memlab.model.tasks import MarkovTask
 from memlab.model.train import AUTOCAST_DTYPES, TrainConfig, make_optimizer, train_loop
 from memlab.model.transformer import ModelConfig, build_model, get_config, lm_loss
 from memlab.precision.formats import spec
+from memlab.results import kept_on_disk
 from memlab.units import fmt_bytes
 
 MODES = ("fp32", "fp16-autocast", "fp16-scaled", "bf16-autocast", "bf16-pure")
@@ -74,6 +77,14 @@ HIST_LO, HIST_HI = -100, 20
 HIST_EDGES = list(range(HIST_LO, HIST_HI + 1))  # bin i covers [2**e_i, 2**(e_i + 1))
 EVAL_SEQUENCES = 32  # held-out sequences every run is evaluated on
 _FP16 = spec("fp16")
+# Where storing a magnitude a >= 0 in fp16 (round to nearest even) changes what it is, as
+# float32 comparisons: a <= FLUSH becomes 0 (half the smallest subnormal is a tie, to the even 0);
+# a < SUBNORMAL_TOP becomes a subnormal (half a subnormal step below the smallest normal is a tie,
+# to the even smallest normal); a >= OVERFLOW becomes inf (half a step above the max is a tie, to
+# the even inf). All three are exact in float32.
+_FLUSH = _FP16.min_subnormal / 2
+_SUBNORMAL_TOP = _FP16.min_normal - _FP16.min_subnormal / 2
+_OVERFLOW = _FP16.max + 2.0 ** math.frexp(_FP16.max)[1] * _FP16.eps / 4
 
 
 def _check_mode(mode) -> str:
@@ -87,11 +98,13 @@ def _check_modes(modes) -> tuple[str, ...]:
     return tuple(_check_mode(m) for m in modes)
 
 
-def _config(model: ModelConfig | str, overrides: dict | None = None) -> ModelConfig:
+def _config(model: ModelConfig | str | dict, overrides: dict | None = None) -> ModelConfig:
+    if isinstance(model, dict):  # a config as a result stores it (ModelConfig.to_dict)
+        model = ModelConfig(**model)
     if isinstance(model, ModelConfig):
         return replace(model, **overrides) if overrides else model
     if not isinstance(model, str):
-        raise MemlabError(f"model must be a preset name or a ModelConfig, got {model!r}")
+        raise MemlabError(f"model must be a preset name, a ModelConfig or its dict, got {model!r}")
     return get_config(model, **(overrides or {}))
 
 
@@ -99,7 +112,9 @@ def _config(model: ModelConfig | str, overrides: dict | None = None) -> ModelCon
 class _GradCounter:
     """Counts gradient values: total, exactly zero, fp16 underflow / subnormal / overflow, log2 bins.
 
-    Gradients handed to :meth:`add` during a step are counted together in :meth:`end_step`.
+    Gradients handed to :meth:`add` during a step are counted together in :meth:`end_step`, by
+    comparing magnitudes with the thresholds where fp16 rounding changes them (the same counts as
+    casting to fp16 and looking, in fewer passes), and binned by the float32 exponent bits.
     """
 
     def __init__(self, device: torch.device):
@@ -114,21 +129,21 @@ class _GradCounter:
     def end_step(self) -> list[int]:
         if not self.pending:
             return [0] * 5
-        a = torch.cat([g.float().flatten() for g in self.pending]).abs_()
+        a = torch.cat([g.reshape(-1) for g in self.pending]).float().abs_()
         self.pending.clear()
-        h = a.to(torch.float16)  # round to nearest even: what storing g in fp16 gives
-        finite = torch.isfinite(a)
-        nonzero = (a != 0) & finite
-        counts = torch.stack([
-            (a == 0).sum(),
-            (nonzero & (h == 0)).sum(),
-            ((h != 0) & (h.float() < _FP16.min_normal)).sum(),
-            (finite & torch.isinf(h)).sum(),
+        n = a.numel()
+        zeros, flushed, below_normal, overflow, inf, finite = torch.stack([
+            (a == 0).sum(), (a <= _FLUSH).sum(), (a < _SUBNORMAL_TOP).sum(),
+            (a >= _OVERFLOW).sum(), torch.isinf(a).sum(), torch.isfinite(a).sum(),
         ]).tolist()
-        e = torch.frexp(a[nonzero]).exponent - 1  # floor(log2|g|)
-        self.hist += torch.bincount((e.clamp(HIST_LO, HIST_HI) - HIST_LO).long(),
-                                    minlength=len(HIST_EDGES))
-        counts = [a.numel(), *counts]
+        counts = [n, zeros, flushed - zeros, below_normal - flushed, overflow - inf]
+        # floor(log2|g|) from the biased exponent; zeros and float32 subnormals land in the first
+        # bin (clamped), inf and NaN in the last: take them out again.
+        e = ((a.view(torch.int32) >> 23) & 0xFF) - 127
+        hist = torch.bincount(e.clamp_(HIST_LO, HIST_HI).sub_(HIST_LO), minlength=len(HIST_EDGES))
+        hist[0] -= zeros
+        hist[-1] -= n - finite
+        self.hist += hist
         self.total = [t + c for t, c in zip(self.total, counts, strict=True)]
         return counts
 
@@ -250,12 +265,31 @@ def train(
     if not (isinstance(init_scale, (int, float)) and init_scale > 0):
         raise MemlabError(f"init_scale must be a positive number, got {init_scale!r}")
     dev = pick_device(device)
-    task = task or MarkovTask(cfg.vocab_size, seed=seed)
-    if task.vocab_size != cfg.vocab_size:
+    if task is not None and task.vocab_size != cfg.vocab_size:
         raise MemlabError(f"task vocab_size {task.vocab_size} differs from the model's "
                           f"{cfg.vocab_size}")
     setting = check_choice("setting", setting or ("token-mean" if loss_divisor == 1
                                                   else "accumulation"), SETTINGS)
+    args = (mode, cfg, steps, batch_size, seq_len, float(lr), loss_divisor, float(init_scale), seed,
+            eval_sequences, str(dev), setting)
+    if task is None:  # the seed's own task: the same run as any other call with these arguments
+        return _train_kept(*args)
+    return _train(*args, task)
+
+
+@functools.cache
+@kept_on_disk
+def _train_kept(*args) -> TrainRun:
+    """:func:`_train` on the seed's task, once per process (and kept on disk when asked)."""
+    return _train(*args, None)
+
+
+def _train(mode: str, cfg: ModelConfig, steps: int, batch_size: int, seq_len: int, lr: float,
+           loss_divisor: int, init_scale: float, seed: int, eval_sequences: int, device: str,
+           setting: str, task: MarkovTask | None) -> TrainRun:
+    """One training run, arguments checked by :func:`train`."""
+    dev = torch.device(device)
+    task = task or MarkovTask(cfg.vocab_size, seed=seed)
 
     # The same batches for every mode: one draw of steps x batch_size sequences.
     xs, ys = task.sample(steps * batch_size, seq_len, seed=seed + 1)
@@ -382,10 +416,9 @@ def train_setting(
     check_choice("setting", name, SETTINGS)
     modes = _check_modes(modes)
     cfg = _config(model, model_overrides)
-    task = MarkovTask(cfg.vocab_size, seed=seed)
     runs = [train(m, model=cfg, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr,
-                  loss_divisor=loss_divisor, seed=seed, device=device, task=task, setting=name)
-            for m in modes]
+                  loss_divisor=loss_divisor, seed=seed, device=device, setting=name)
+            for m in modes]  # every run on the seed's task, so on the same batches
     by = {r.mode: r for r in runs}
     tokens = batch_size * seq_len * loss_divisor
     if loss_divisor == 1:
@@ -411,19 +444,24 @@ def train_setting(
 
 
 # Memory per mode --------------------------------------------------------------------------------
+HOWS = ("measured", "traced", "estimated")
+
+
 @dataclass(frozen=True)
 class ModeMemory:
-    """One mode's training-step bytes: per-parameter state, activations, weight-cast cache, peak.
+    """One mode's training-step bytes: per-parameter state, activations, weight-cast cache, peak, by phase.
 
     Parameters, gradients and optimizer states are read in the optimizer phase, where all of
     them are alive; ``saved_activations_bytes`` is what the forward pass leaves for backward,
-    the weight-cast cache included; ``peak_bytes`` is the step's peak plus the scaler's bytes.
+    the weight-cast cache included. ``phase_breakdown`` holds the bytes by category at each
+    phase's peak (they add up to ``phase_peak_bytes``); the GradScaler's tensors count as
+    ``other``, and ``peak_bytes`` is the largest phase peak.
     """
 
     mode: str
     precision: str  # the memlab.measure.step precision holding the same tensors
-    how: str  # 'measured' (real tensors) or 'traced' (FakeTensorMode)
-    device: str
+    how: str  # 'measured' (real tensors), 'traced' (FakeTensorMode) or 'estimated' (closed form)
+    device: str  # where it was measured, or the conventions it was estimated with
     model: str
     parameters: int
     batch_size: int
@@ -439,6 +477,8 @@ class ModeMemory:
     peak_phase: str
     peak_ratio_to_fp32: float | None  # None when fp32 is not among the modes
     at_peak: dict[str, int]  # bytes by memlab.measure.step category at the step's peak
+    phase_peak_bytes: dict[str, int] = field(default_factory=dict)  # phase -> bytes at its peak
+    phase_breakdown: dict[str, dict[str, int]] = field(default_factory=dict)  # phase -> category -> bytes
 
 
 class _CastCounter:
@@ -517,61 +557,191 @@ def _traced_step(cfg: ModelConfig, batch_size: int, seq_len: int, precision: str
     return trace_step(cfg, batch_size=batch_size, seq_len=seq_len, precision=precision)
 
 
+def _estimated_step(cfg: ModelConfig, batch_size: int, seq_len: int, precision: str,
+                    device: str):
+    from memlab.memory.training import estimate
+
+    return estimate(cfg, batch_size=batch_size, seq_len=seq_len, precision=precision,
+                    device=device)
+
+
+def _estimated_cast_bytes(est, n_layer: int) -> int:
+    """The weight-cast cache among an estimate's saved tensors: every 16-bit weight copy."""
+    return sum(t.bytes * (n_layer if t.scope == "layer" else 1) for t in est.saved
+               if "weight" in t.name and "cast" in t.name)
+
+
+_CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "temporaries", "other")
+
+
 def memory_by_mode(
     model: ModelConfig | str,
     *,
     batch_size: int,
     seq_len: int,
     modes=MODES,
-    traced: bool = False,
+    how: str = "measured",
     device=None,
     model_overrides: dict | None = None,
 ) -> list[ModeMemory]:
-    """Each mode's step bytes by category (``peak_bytes``, ``state_bytes_per_param``) and its peak / fp32 (chapter: 2).
+    """Each mode's step bytes by category and phase (``peak_bytes``, ``phase_breakdown``) and its peak / fp32 (chapter: 2).
 
-    ``traced=False`` measures real steps on the device with :func:`memlab.measure.step.measure_step`;
-    ``traced=True`` counts them under FakeTensorMode with :func:`memlab.measure.step.trace_step`
-    (cached per configuration). The two fp16 modes share one ``fp16-mixed`` step; the scaled
-    one adds the GradScaler's bytes.
+    ``how='measured'`` runs real steps on the device with :func:`memlab.measure.step.measure_step`;
+    ``'traced'`` counts them under FakeTensorMode with :func:`memlab.measure.step.trace_step`
+    (cached per configuration); ``'estimated'`` takes chapter 1's closed form,
+    :func:`memlab.memory.training.estimate`, with ``device`` naming its conventions (``'cuda'``,
+    the default, or ``'cpu'``). The two fp16 modes share one ``fp16-mixed`` step; the scaled one
+    adds the GradScaler's bytes.
     """
     from memlab.measure.step import measure_step
 
     modes = _check_modes(modes)
+    check_choice("how", how, HOWS)
     cfg = _config(model, model_overrides)
     check_positive_int("batch_size", batch_size)
     check_positive_int("seq_len", seq_len)
-    dev = torch.device("cpu") if traced else pick_device(device)
-    steps = {}
+    if how == "estimated":
+        from memlab.memory.training import DEVICES
+
+        dev = torch.device("cpu")
+        convention = check_choice("estimator device", device or "cuda", DEVICES)
+    else:
+        dev = torch.device("cpu") if how == "traced" else pick_device(device)
+        convention = None
+    steps, casts = {}, {}
     for prec in dict.fromkeys(MODE_PRECISION[m] for m in modes):
-        if traced:
+        if how == "estimated":
+            steps[prec] = _estimated_step(cfg, batch_size, seq_len, prec, convention)
+            casts[prec] = _estimated_cast_bytes(steps[prec], cfg.n_layer)
+            continue
+        if how == "traced":
             steps[prec] = _traced_step(cfg, batch_size, seq_len, prec)
         else:
             steps[prec] = measure_step(cfg, batch_size=batch_size, seq_len=seq_len,
                                        precision=prec, device=dev)
+        casts[prec] = _cast_bytes(cfg, prec, how == "traced",
+                                  None if how == "traced" else dev.type)
     scaler_bytes = grad_scaler_bytes(dev)
     n = cfg.num_parameters()
     rows = []
     for m in modes:
         prec = MODE_PRECISION[m]
         s = steps[prec]
-        steady = s.phase_breakdown["optimizer"]
         extra = scaler_bytes if m == "fp16-scaled" else 0
+        phases = {}
+        for phase, cats in s.phase_breakdown.items():
+            phases[phase] = {c: int(cats.get(c, 0)) for c in _CATEGORIES}
+            phases[phase]["other"] += extra  # the scaler's scale and growth tracker
+        phase_peak = {phase: sum(cats.values()) for phase, cats in phases.items()}
+        peak_phase = s.peak_phase  # the scaler's bytes are alive in every phase alike
+        steady = phases["optimizer"]
+        saved = s.activations_bytes if how == "estimated" else s.saved_activations_bytes
         rows.append(dict(
-            mode=m, precision=prec, how=s.mode, device=s.device, model=cfg.name, parameters=n,
-            batch_size=batch_size, seq_len=seq_len,
+            mode=m, precision=prec, how=how, device=convention or s.device, model=cfg.name,
+            parameters=n, batch_size=batch_size, seq_len=seq_len,
             parameters_bytes=steady["parameters"], gradients_bytes=steady["gradients"],
             optimizer_states_bytes=steady["optimizer_states"],
             state_bytes_per_param=(steady["parameters"] + steady["gradients"]
                                    + steady["optimizer_states"]) / n,
-            saved_activations_bytes=s.saved_activations_bytes,
-            weight_cast_cache_bytes=_cast_bytes(cfg, prec, traced, None if traced else dev.type),
-            grad_scaler_bytes=extra,
-            peak_bytes=s.peak_bytes + extra, peak_phase=s.peak_phase,
-            at_peak=dict(s.phase_breakdown[s.peak_phase]),
+            saved_activations_bytes=saved, weight_cast_cache_bytes=casts[prec],
+            grad_scaler_bytes=extra, peak_bytes=phase_peak[peak_phase], peak_phase=peak_phase,
+            at_peak=dict(phases[peak_phase]), phase_peak_bytes=phase_peak,
+            phase_breakdown=phases,
         ))
     ref = next((r["peak_bytes"] for r in rows if r["mode"] == "fp32"), None)
     return [ModeMemory(**r, peak_ratio_to_fp32=r["peak_bytes"] / ref if ref else None)
             for r in rows]
+
+
+@dataclass(frozen=True)
+class AutocastCrossover:
+    """Where autocast starts to save memory against fp32, estimated batch by batch.
+
+    Autocast saves 16-bit activations instead of 32-bit ones, a saving that grows with the
+    tokens of a step, and keeps a 16-bit copy of every weight a matmul uses (the weight-cast
+    cache), a fixed cost. ``rows`` holds batch 1 and the batches on either side of each
+    crossover: ``batch``, ``tokens``, and ``saved_fp32``, ``saved_mixed``, ``peak_fp32``,
+    ``peak_mixed`` in bytes, with the phase of each peak.
+    """
+
+    model: str
+    seq_len: int
+    precision: str  # 'bf16-mixed' or 'fp16-mixed'
+    device: str  # the estimator's conventions
+    weight_cast_cache_bytes: int
+    saved_batch: int | None  # smallest batch whose saved activations are below fp32's
+    peak_batch: int | None  # smallest batch whose peak is below fp32's
+    max_batch: int  # the largest batch tried
+    rows: list[dict]
+
+    @property
+    def saved_tokens(self) -> int | None:
+        """Tokens per step (batch x seq_len) from which autocast's saved activations are smaller."""
+        return None if self.saved_batch is None else self.saved_batch * self.seq_len
+
+    @property
+    def peak_tokens(self) -> int | None:
+        """Tokens per step (batch x seq_len) from which autocast's peak is smaller."""
+        return None if self.peak_batch is None else self.peak_batch * self.seq_len
+
+    def summary(self) -> str:
+        """Where each crossover lies, as one line per quantity (chapter: 2)."""
+        head = (f"{self.model}, seq {self.seq_len}, {self.precision} against fp32 (estimated, "
+                f"{self.device} conventions); weight-cast cache {fmt_bytes(self.weight_cast_cache_bytes)}")
+        lines = [head]
+        for what, b in (("saved activations", self.saved_batch), ("peak", self.peak_batch)):
+            if b is None:
+                lines.append(f"{what}: not below fp32's up to batch {self.max_batch}")
+            else:
+                lines.append(f"{what}: below fp32's from batch {b} ({b * self.seq_len:,} tokens "
+                             f"per step)" + ("" if b > 1 else ", already at batch 1"))
+        return "\n".join(lines)
+
+
+def autocast_crossover(
+    model: ModelConfig | str | dict,
+    *,
+    seq_len: int,
+    precision: str = "bf16-mixed",
+    device: str = "cuda",
+    max_batch: int = 1024,
+    model_overrides: dict | None = None,
+) -> AutocastCrossover:
+    """The smallest batch at which autocast's estimated saved activations (``saved_batch``) and peak (``peak_batch``) fall below fp32's (chapter: 2).
+
+    Estimated with :func:`memlab.memory.training.estimate` (AdamW, foreach) for batches 1 to
+    ``max_batch``; ``device`` names the estimator's conventions.
+    """
+    from memlab.memory.training import DEVICES
+
+    check_choice("autocast precision", precision, ("bf16-mixed", "fp16-mixed"))
+    check_choice("estimator device", device, DEVICES)
+    check_positive_int("seq_len", seq_len)
+    check_positive_int("max_batch", max_batch)
+    cfg = _config(model, model_overrides)
+
+    def row(b: int) -> dict:
+        f = _estimated_step(cfg, b, seq_len, "fp32", device)
+        m = _estimated_step(cfg, b, seq_len, precision, device)
+        return dict(batch=b, tokens=b * seq_len, saved_fp32=f.activations_bytes,
+                    saved_mixed=m.activations_bytes, peak_fp32=f.peak_bytes,
+                    peak_mixed=m.peak_bytes, peak_phase_fp32=f.peak_phase,
+                    peak_phase_mixed=m.peak_phase)
+
+    saved_b = peak_b = None
+    for b in range(1, max_batch + 1):
+        r = row(b)
+        if saved_b is None and r["saved_mixed"] < r["saved_fp32"]:
+            saved_b = b
+        if peak_b is None and r["peak_mixed"] < r["peak_fp32"]:
+            peak_b = b
+        if saved_b is not None and peak_b is not None:
+            break
+    shown = sorted({1, *(x for b in (saved_b, peak_b) if b for x in (b - 1, b) if x >= 1)})
+    cache = _estimated_cast_bytes(_estimated_step(cfg, 1, seq_len, precision, device), cfg.n_layer)
+    return AutocastCrossover(model=cfg.name, seq_len=seq_len, precision=precision, device=device,
+                             weight_cast_cache_bytes=cache, saved_batch=saved_b, peak_batch=peak_b,
+                             max_batch=max_batch, rows=[row(b) for b in shown])
 
 
 # Step times and fp8 matmuls on a GPU --------------------------------------------------------------
@@ -818,7 +988,7 @@ class MixedPrecisionResult:
     hist_edges_log2: list[int]  # bin i of every histogram covers [2**e_i, 2**(e_i + 1))
     settings: list[Setting]
     memory: list[ModeMemory]  # the trained model, measured on this device
-    memory_large: list[ModeMemory]  # a 7B-class model, traced (every batch size given)
+    memory_large: list[ModeMemory]  # a 7B-class model, estimated (every batch size given)
     step_times: StepTimes
     device: str
     seconds: float  # wall time of the whole experiment
@@ -848,11 +1018,11 @@ class MixedPrecisionResult:
                 lines.append(f"fp32 activation gradients that fp16 would flush to zero: "
                              f"{s.fp32_act_underflow_share:.2%}, make subnormal: "
                              f"{s.fp32_act_subnormal_share:.2%}")
-        for label, rows in (("measured", self.memory), ("traced", self.memory_large)):
+        for rows in (self.memory, self.memory_large):
             for r in rows:
                 ratio = "" if r.peak_ratio_to_fp32 is None else (
                     f", x{r.peak_ratio_to_fp32:.2f} of fp32")
-                lines.append(f"{label} {r.model} batch {r.batch_size} x {r.seq_len} {r.mode:<14}"
+                lines.append(f"{r.how} {r.model} batch {r.batch_size} x {r.seq_len} {r.mode:<14}"
                              f" peak {fmt_bytes(r.peak_bytes)}{ratio}, state "
                              f"{r.state_bytes_per_param:.2f} B/param, saved activations "
                              f"{fmt_bytes(r.saved_activations_bytes)} (weight-cast cache "
@@ -878,8 +1048,9 @@ def mixed_precision_run(
 ) -> MixedPrecisionResult:
     """The chapter's experiment: all five modes in both settings, memory by mode, step times (chapter: 2).
 
-    ``large`` (``model``, ``batch_sizes``, ``seq_len``) names the 7B-class model traced for
-    memory; ``times`` (keyword arguments of :func:`step_times`) sizes the GPU timing.
+    ``large`` (``model``, ``batch_sizes``, ``seq_len``, optionally ``how`` and ``device`` of
+    :func:`memory_by_mode`) names the 7B-class model whose memory is estimated (by default, with
+    CUDA's conventions); ``times`` (keyword arguments of :func:`step_times`) sizes the GPU timing.
     """
     start = time.perf_counter()
     cfg = _config(model, model_overrides)
@@ -898,7 +1069,8 @@ def mixed_precision_run(
     if large:
         for b in large["batch_sizes"]:
             memory_large += memory_by_mode(large["model"], batch_size=b, seq_len=large["seq_len"],
-                                           traced=True)
+                                           how=large.get("how", "estimated"),
+                                           device=large.get("device"))
     if times or dev.type != "cuda":  # off CUDA this returns at once, saying why
         timing = step_times(device=dev, **(times or dict(model=cfg, batch_size=batch_size,
                                                          seq_len=seq_len)))
