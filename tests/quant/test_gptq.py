@@ -9,6 +9,7 @@ from memlab.quant.functional import dequantize, zeropoint_quantize
 from memlab.quant.gptq import (
     HessianAccumulator,
     _gptq,
+    gptq_by_column,
     gptq_objective,
     gptq_quantize,
     hessian,
@@ -148,6 +149,42 @@ def test_state_dequantizes_to_what_gptq_used(case, bits, group_size, act_order):
     zero = st.zero.float().repeat_interleave(IN if group_size is None else group_size)
     again = (torch.round(w_q.reshape(-1) / scale) + zero).clamp(0, 2 ** bits - 1).to(torch.uint8)
     assert torch.equal(again.reshape(OUT, IN), q)
+
+
+# GPTQ column by column: what each column was when rounded-------------------------------------------------
+@pytest.mark.parametrize(("bits", "group_size", "act_order"), [
+    (3, None, False), (3, 32, False), (4, None, True)])
+def test_by_column_is_the_run_gptq_quantize_makes(case, bits, group_size, act_order):
+    weight, _, _, H = case
+    t = gptq_by_column(weight, H, bits, group_size=group_size, act_order=act_order, blocksize=48)
+    q, st = gptq_quantize(weight, H, bits, group_size=group_size, act_order=act_order, blocksize=48)
+    assert torch.equal(t.codes, q) and torch.equal(t.state.scale, st.scale)
+    order = t.order
+    assert sorted(order.tolist()) == list(range(IN))
+    assert torch.equal(t.weight, weight[:, order])  # processing order
+    assert torch.equal(t.quantized, dequantize(q, st)[:, order])
+    # each column when rounded = the weight minus the updates of every column before it
+    for j in (0, 1, 47, 48, 49, IN - 1):  # across a lazy-block boundary
+        rebuilt = t.weight[:, j] - t.errors[:, :j] @ t.U[:j, j]
+        assert torch.allclose(t.seen[:, j], rebuilt, atol=1e-5)
+    assert torch.equal(t.update, t.seen - t.weight)
+    assert t.update[:, 0].abs().max() == 0  # the first column receives nothing
+    # the scaled error is the rounding error of the column as seen, over U's diagonal
+    assert torch.allclose(t.errors, (t.seen - t.quantized) / torch.diagonal(t.U), atol=1e-6)
+    assert (t.blocksize, t.group_size, t.bits) == (48, group_size, bits)
+
+
+def test_error_path_ends_at_the_output_error(case):
+    weight, calib, _, H = case
+    t = gptq_by_column(weight, H, 3)
+    w_rtn = dequantize(*rtn_quantize(weight, 3))
+    path = t.relative_error_path(w_rtn, points=16)
+    assert path["columns"][0] == 0 and path["columns"][-1] == IN and len(path["columns"]) == 17
+    assert path["gptq"][0] == path["rtn"][0] == 0
+    assert path["gptq"][-1] == pytest.approx(output_error(weight, t.quantized, calib), rel=1e-4)
+    assert path["rtn"][-1] == pytest.approx(output_error(weight, w_rtn, calib), rel=1e-4)
+    assert path["gptq"][-1] < path["rtn"][-1]
+    assert "rtn" not in t.relative_error_path(points=4)
 
 
 # Hessian accumulation --------------------------------------------------------------------------

@@ -226,7 +226,8 @@ def test_claim_c19_verdict_is_computed(qat_result, monkeypatch):
     from memlab import claims
 
     monkeypatch.setattr(quant_claims, "qat_vs_ptq_ci", lambda bits: qat_result)
-    v = claims.CHECKS["C19"].fn.__wrapped__()  # uncached: the small run stands in for 'ci'
+    check = claims.CHECKS["C19"]
+    v = check.decide(check.evidence())  # uncached: the small run stands in for 'ci'
     t = qat_result.torch_fake_quant
     if qat_result.scale_change_median <= qat.MOVED:
         assert v.verdict == claims.WRONG
@@ -326,3 +327,31 @@ def test_optimizer_frame_pairs_each_run_with_adamw(comparison):
     assert gap == pytest.approx(comparison.loss_gap, abs=2e-6)
     assert df.loc["adamw-8bit", "2 SE"] > 0
     assert "train s" not in df.columns  # timings never go in a checked table
+
+
+def test_default_reference_runs_once_for_the_chapter_and_c19(monkeypatch, small_reference):
+    """qat_vs_ptq(bits=3) on the chapter's scale and device, and qat_vs_ptq_ci(3), are one run."""
+    calls = []
+
+    def fake_run(scale, bits, steps, dev, lr, ref):
+        calls.append((scale, bits, steps, dev.type, lr))
+        return ("result", len(calls))
+
+    monkeypatch.setattr(qat, "_qat_vs_ptq", fake_run)
+    monkeypatch.setattr(qat, "reference_model", lambda scale, device=None: small_reference)
+    monkeypatch.setenv("MEMLAB_DEVICE", "cpu")
+    monkeypatch.delenv("MEMLAB_CACHE_DIR", raising=False)
+    qat._qat_vs_ptq_default.cache_clear()
+    qat.qat_vs_ptq_ci.cache_clear()
+    try:
+        first = qat.qat_vs_ptq("ci", bits=3)
+        assert qat.qat_vs_ptq_ci(3) is first
+        assert qat.qat_vs_ptq("ci", bits=3, steps=qat.QAT_STEPS["ci"], device="cpu") is first
+        assert calls == [("ci", 3, qat.QAT_STEPS["ci"], "cpu", None)]
+        qat.qat_vs_ptq("ci", bits=4, device="cpu")  # other arguments: another run
+        assert len(calls) == 2
+        qat.qat_vs_ptq("ci", bits=3, device="cpu", reference=small_reference)  # never cached
+        assert len(calls) == 3
+    finally:
+        qat._qat_vs_ptq_default.cache_clear()
+        qat.qat_vs_ptq_ci.cache_clear()

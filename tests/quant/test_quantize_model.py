@@ -409,9 +409,92 @@ def test_comparison_table_vs_fp32_when_fp32_is_not_first(reference):
     pytest.importorskip("pandas")
     comp = quant.compare_schemes(config=lm.TINY_LM, schemes=("bf16", "fp32"), device="cpu")
     table = comp.table()
-    assert table.loc["fp32", "vs fp32"] == 1.0
-    assert table.loc["bf16", "vs fp32"] == pytest.approx(
+    assert table.loc["fp32", "memory / fp32's"] == 1.0
+    assert table.loc["bf16", "memory / fp32's"] == pytest.approx(
         comp.row("bf16").total_bytes / comp.row("fp32").total_bytes)
+
+
+def test_comparison_table_columns_name_their_units(comparison):
+    pytest.importorskip("pandas")
+    memory, quality, both = (comparison.table(c) for c in ("memory", "quality", "all"))
+    assert list(memory.columns) == ["linear KiB", "bits per linear weight",
+                                    "bits per parameter (whole model)", "total KiB",
+                                    "memory / fp32's"]
+    assert "loss - fp32's (nats)" in quality.columns and "2 SE (nats)" in quality.columns
+    assert list(both.columns) == list(memory.columns) + list(quality.columns)
+    assert len(set(both.columns)) == len(both.columns)  # no two columns share a name
+    for r in comparison.rows:
+        assert memory.loc[r.scheme, "bits per linear weight"] == r.bits_per_param
+        assert quality.loc[r.scheme, "loss - fp32's (nats)"] == r.loss_delta
+        assert quality.loc[r.scheme, "2 SE (nats)"] == 2 * r.loss_delta_se
+    with pytest.raises(MemlabError, match="accepted: all, memory, quality"):
+        comparison.table("bytes")
+
+
+def test_whole_model_bits_per_parameter(comparison, reference):
+    n_all = count_parameters(reference[0].model)
+    for r in comparison.rows:
+        assert r.linear_bits_per_param == r.bits_per_param
+        assert r.model_bits_per_param == pytest.approx(8 * r.total_bytes / n_all)
+        assert r.linear_params + r.other_params == n_all
+    nf4 = comparison.row("nf4")
+    # the 16-bit embedding, norms and head raise the whole model above the linear layers' bits
+    assert nf4.model_bits_per_param > nf4.bits_per_param
+    assert comparison.row("fp32").model_bits_per_param == 32
+
+
+def test_paired_differences_use_the_same_sequences(comparison):
+    for r in comparison.rows:
+        d, se = comparison.paired(r.scheme, "fp32")
+        assert (d, se) == pytest.approx((r.loss_delta, r.loss_delta_se), abs=1e-12)
+    assert comparison.paired("nf4", "nf4") == (0.0, 0.0)
+    d_ab, se_ab = comparison.paired("rtn-4", "gptq-4")
+    d_ba, se_ba = comparison.paired("gptq-4", "rtn-4")
+    assert d_ab == pytest.approx(-d_ba) and se_ab == pytest.approx(se_ba)
+    with pytest.raises(MemlabError, match="unknown against 'int4'"):
+        comparison.paired("nf4", "int4")
+
+
+def test_noise_check_counts_chance_crossings(comparison):
+    nc = quant.noise_check(comparison, z=2.0)
+    n = len(comparison.rows) - 1
+    assert nc.comparisons == n == len(nc.rows)
+    assert nc.coverage == pytest.approx(0.9544997, abs=1e-6)
+    assert nc.expected_by_chance == pytest.approx(n * (1 - nc.coverage))
+    # Bonferroni: the per-comparison miss rate divided by n, as a two-sided normal quantile
+    miss = (1 - nc.coverage) / n
+    assert math.erfc(nc.z_family / math.sqrt(2)) == pytest.approx(miss, rel=1e-6)
+    assert nc.z_family > 2
+    for row in nc.rows:
+        r = comparison.row(row.scheme)
+        assert row.beyond == (abs(r.loss_delta) > 2 * r.loss_delta_se)
+        assert row.beyond_corrected == (abs(r.loss_delta) > nc.z_family * r.loss_delta_se)
+        assert not row.beyond_corrected or row.beyond
+    assert list(nc.frame().index) == [r.scheme for r in nc.rows]
+    for bad in (0, -1.0, True, "2"):
+        with pytest.raises(MemlabError, match="z must be a positive number"):
+            quant.noise_check(comparison, z=bad)
+
+
+# GPTQ column by column on the chapter's model ----------------------------------------------
+@pytest.mark.parametrize("layer", ["blocks.0.mlp.down_proj", "blocks.1.attn.q_proj"])
+def test_gptq_layer_by_column_reproduces_the_schemes_codes(quantize, layer):
+    lt = quant.gptq_layer_by_column(layer, 3, config=lm.TINY_LM, device="cpu")
+    model_weight = quantize("gptq-3").model.get_submodule(layer).weight.detach()
+    assert torch.equal(dequantize(lt.run.codes, lt.run.state), model_weight)
+    path = lt.path
+    assert path["columns"][0] == 0 and path["columns"][-1] == lt.run.weight.shape[1]
+    assert path["gptq"][0] == 0 and path["rtn"][0] == 0
+    assert path["gptq"][-1] < path["rtn"][-1]  # compensation lowers the calibration error
+
+
+def test_gptq_layer_by_column_rejects_bad_arguments(reference):
+    with pytest.raises(MemlabError, match="unknown layer 'blocks.0.mlp'"):
+        quant.gptq_layer_by_column("blocks.0.mlp", config=lm.TINY_LM, device="cpu")
+    with pytest.raises(MemlabError, match="bits must be between 2 and 8"):
+        quant.gptq_layer_by_column(bits=9, config=lm.TINY_LM, device="cpu")
+    with pytest.raises(MemlabError, match="group_size must be a positive integer"):
+        quant.gptq_layer_by_column(group_size=0, config=lm.TINY_LM, device="cpu")
 
 
 # Outlier features -------------------------------------------------------------------------------
@@ -559,6 +642,21 @@ def test_memory_20b():
     rows_per_block = 3 * d + d + f + d
     assert rows["int8 (per-row absmax)"].bits_per_param == pytest.approx(
         8 + 32 * rows_per_block / (12 * d * d))
+    # the whole model: the weight bytes over every parameter, above the linear layers' bits
+    for r in rows.values():
+        assert r.linear_bits_per_param == r.bits_per_param
+        assert r.model_bits_per_param == pytest.approx(8 * r.weights_gb * 1e9 / total)
+    assert rows["nf4"].model_bits_per_param > rows["nf4"].bits_per_param
+    assert rows["fp16"].model_bits_per_param == pytest.approx(16)
+
+
+def test_memory_20b_frame_names_its_units():
+    pytest.importorskip("pandas")
+    frame = quant.memory_20b_frame()
+    assert list(frame.columns) == ["claimed GB (n x bits / 8)", "weights GB (estimated)",
+                                   "bits per linear weight", "bits per parameter (whole model)"]
+    for r in quant.memory_20b():
+        assert frame.loc[r.scheme, "bits per parameter (whole model)"] == r.model_bits_per_param
 
 
 # Speed --------------------------------------------------------------------------------------------

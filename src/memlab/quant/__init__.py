@@ -1,6 +1,6 @@
 """Part 3, quantization (chapter 3): the schemes, quantizers from scratch checked against
-bitsandbytes, GPTQ, the book's model quantized every way, outliers and LLM.int8(), the 20B table,
-8-bit AdamW and QAT.
+bitsandbytes, GPTQ, the book's model quantized every way, how a 4-bit layer multiplies, outliers
+and LLM.int8(), the 20B table, 8-bit AdamW and QAT, and the published large-model figures.
 
 The pieces live in this folder's modules; their public names are re-exported here, so that
 ``from memlab.quant import ...`` reaches them. ``experiments.py`` and ``claims.py`` register
@@ -10,16 +10,22 @@ experiments and verdicts; this package does not import them.
 from memlab.quant.compare import (  # noqa: F401
     GROUP_SIZE,
     MODEL_LABELS,
+    TABLE_COLUMNS,
     DequantizedLinear,
+    GptqLayerColumns,
     LayerStorage,
+    NoiseCheck,
+    NoiseRow,
     QuantComparison,
     QuantizedLM,
     SchemeRow,
     bnb_linear,
     capture_inputs,
     compare_schemes,
+    gptq_layer_by_column,
     layer_bytes,
     layer_errors,
+    noise_check,
     quantize_model,
 )
 from memlab.quant.functional import (  # noqa: F401
@@ -49,7 +55,9 @@ from memlab.quant.functional import (  # noqa: F401
 )
 from memlab.quant.gptq import (  # noqa: F401
     SCALE_DTYPE,
+    GptqColumns,
     HessianAccumulator,
+    gptq_by_column,
     gptq_objective,
     gptq_quantize,
     hessian,
@@ -64,6 +72,17 @@ from memlab.quant.outliers import (  # noqa: F401
     activation_outliers,
     inject_outliers,
     outlier_study,
+)
+from memlab.quant.published import (  # noqa: F401
+    PUBLISHED,
+    PUBLISHED_FINDINGS,
+    SAME_METHOD,
+    SOURCES,
+    PublishedFigure,
+    beside_published,
+    published_findings,
+    published_frame,
+    published_sources,
 )
 from memlab.quant.qat import (  # noqa: F401
     COMPARED_OPTIMIZERS,
@@ -102,6 +121,7 @@ from memlab.quant.sizes import (  # noqa: F401
     NEOX_20B,
     MemoryRow,
     memory_20b,
+    memory_20b_frame,
     neox_20b_groups,
 )
 from memlab.quant.speed import (  # noqa: F401
@@ -109,4 +129,11 @@ from memlab.quant.speed import (  # noqa: F401
     QuantSpeed,
     SpeedRow,
     quant_speed,
+)
+from memlab.quant.weight_only import (  # noqa: F401
+    COMPUTE_DTYPES,
+    MATMUL_SCHEMES,
+    DispatchedOp,
+    MatmulPath,
+    matmul_path,
 )

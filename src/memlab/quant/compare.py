@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 
 from memlab.device import pick_device
-from memlab.errors import check_choice, check_positive_int, require
+from memlab.errors import MemlabError, check_choice, check_positive_int, require
 from memlab.model.lm import (
     LMConfig,
     Quality,
@@ -32,6 +33,7 @@ from memlab.model.lm import (
 )
 from memlab.model.transformer import block_linears, replace_module
 from memlab.quant.functional import LLM_INT8_THRESHOLD
+from memlab.quant.gptq import GptqColumns
 from memlab.quant.schemes import MODEL_SCHEMES
 from memlab.results import kept_on_disk
 
@@ -114,8 +116,13 @@ class DequantizedLinear(nn.Linear):
         self.stored_bytes = stored_bytes(q.cpu(), state)
 
 
-def bnb_linear(linear: nn.Linear, scheme: str, device: torch.device) -> nn.Module:
-    """``linear`` as the bitsandbytes module of an int8, LLM.int8(), NF4 or FP4 scheme, on ``device`` (chapter: 3)."""
+def bnb_linear(linear: nn.Linear, scheme: str, device: torch.device,
+               compute_dtype: torch.dtype = torch.float32) -> nn.Module:
+    """``linear`` as the bitsandbytes module of an int8, LLM.int8(), NF4 or FP4 scheme, on ``device`` (chapter: 3).
+
+    ``compute_dtype`` is the dtype a 4-bit layer dequantizes its weight to and multiplies in
+    (fp32 for the chapter's comparison, so that only the weight's rounding differs).
+    """
     bnb = require("bitsandbytes", f"the {scheme} scheme", extra="quant")
     has_bias = linear.bias is not None
     if scheme in ("int8", "llm-int8"):
@@ -124,7 +131,7 @@ def bnb_linear(linear: nn.Linear, scheme: str, device: torch.device) -> nn.Modul
                                 threshold=LLM_INT8_THRESHOLD if scheme == "llm-int8" else 0.0)
     else:
         m = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=has_bias,
-                              compute_dtype=torch.float32, compress_statistics=scheme == "nf4-dq",
+                              compute_dtype=compute_dtype, compress_statistics=scheme == "nf4-dq",
                               quant_type="fp4" if scheme == "fp4" else "nf4")
     m.load_state_dict(linear.state_dict())
     return m.to(device).eval()  # moving it to the device quantizes the weight
@@ -225,15 +232,15 @@ def capture_inputs(model: nn.Module, names: list[str], x: torch.Tensor) -> dict[
 
 
 def _gptq_model(model: nn.Module, cfg: LMConfig, bits: int, dev: torch.device,
-                group_size: int) -> dict[str, LayerStorage]:
+                group_size: int, blocks: int | None = None) -> dict[str, LayerStorage]:
     """GPTQ block by block, as in the paper: each block's Hessians come from the inputs it gets
-    from the blocks before it, already quantized."""
+    from the blocks before it, already quantized. ``blocks``: only the first that many."""
     from memlab.quant.gptq import gptq_quantize, hessian
 
     x, _ = eval_batch(cfg, calibration=True)
     x = x.to(dev)
     layers: dict[str, LayerStorage] = {}
-    for i in range(len(model.blocks)):
+    for i in range(len(model.blocks) if blocks is None else blocks):
         names = [n for n in block_linears(model) if n.startswith(f"blocks.{i}.")]
         inputs = capture_inputs(model, names, x)
         for name in names:
@@ -244,6 +251,56 @@ def _gptq_model(model: nn.Module, cfg: LMConfig, bits: int, dev: torch.device,
             replace_module(model, name, new)
             layers[name] = layer_bytes(new, lin.weight.numel())
     return layers
+
+
+@dataclass(frozen=True)
+class GptqLayerColumns:
+    """GPTQ on one layer of the chapter's model, column by column, beside round-to-nearest (chapter: 3)."""
+
+    layer: str
+    bits: int
+    group_size: int
+    run: GptqColumns  # what each column was when rounded, and the errors it passed on
+    rtn: torch.Tensor  # (out, in) round-to-nearest on the same grid, in processing order
+    path: dict  # relative output error on the calibration inputs as columns are rounded
+
+
+def gptq_layer_by_column(layer: str = "blocks.0.mlp.down_proj", bits: int = 3, scale: str | None = None, *,
+                     device=None, config: LMConfig | None = None,
+                     group_size: int = GROUP_SIZE) -> GptqLayerColumns:
+    """The chapter's GPTQ run on one block linear, kept column by column (chapter: 3).
+
+    The model is prepared as :func:`quantize_model` prepares it (embedding, norms and head in
+    bf16, the blocks before the layer GPTQ-quantized), so the layer's Hessian comes from the
+    same calibration inputs and its codes are ``gptq-<bits>``'s codes for this layer.
+    """
+    cfg = config_for(scale, config)
+    check_positive_int("bits", bits)
+    if not 2 <= bits <= 8:
+        raise MemlabError(f"bits must be between 2 and 8 (codes are stored as uint8), got {bits}")
+    check_positive_int("group_size", group_size)
+    return _layer_by_column(cfg, layer, bits, str(pick_device(device)), group_size)
+
+
+@functools.cache
+def _layer_by_column(cfg: LMConfig, layer: str, bits: int, device: str, group_size: int) -> GptqLayerColumns:
+    from memlab.quant.functional import dequantize
+    from memlab.quant.gptq import gptq_by_column, hessian, rtn_quantize
+
+    trained = trained_reference(cfg, device)
+    check_choice("layer", layer, list(block_linears(trained.model)))
+    dev = pick_device(device)
+    model = copy.deepcopy(trained.model).to(dev).eval()
+    linear_ids = {id(m.weight) for m in block_linears(model).values()}
+    _round_params([p for p in model.parameters() if id(p) not in linear_ids], torch.bfloat16)
+    block = int(layer.split(".")[1])
+    _gptq_model(model, trained.config, bits, dev, group_size, blocks=block)  # the blocks before
+    x, _ = eval_batch(trained.config, calibration=True)
+    xin = capture_inputs(model, [layer], x.to(dev))[layer].cpu()  # (N, in)
+    w = model.get_submodule(layer).weight.detach().float().cpu()  # (out, in)
+    run = gptq_by_column(w, hessian(xin), bits, group_size=group_size)
+    rtn = dequantize(*rtn_quantize(w, bits, group_size=group_size))[:, run.order]
+    return GptqLayerColumns(layer, bits, group_size, run, rtn, run.relative_error_path(rtn))
 
 
 @torch.no_grad()
@@ -290,6 +347,16 @@ class SchemeRow:
     loss_delta: float  # held-out loss minus the fp32 reference's, same sequences, nats
     loss_delta_se: float  # its standard error over the held-out sequences (paired), nats
 
+    @property
+    def linear_bits_per_param(self) -> float:
+        """Stored bits per weight of the quantized block linears, scales included (= ``bits_per_param``)."""
+        return self.bits_per_param
+
+    @property
+    def model_bits_per_param(self) -> float:
+        """Stored bits per parameter of the whole model: block linears, embedding, norms and head."""
+        return 8 * self.total_bytes / (self.linear_params + self.other_params)
+
 
 @dataclass(frozen=True)
 class QuantComparison:
@@ -301,6 +368,8 @@ class QuantComparison:
     config: LMConfig
     train_s: float
     device: str
+    seq_losses: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+    # scheme -> (eval_sequences,) held-out loss per sequence, nats: for paired comparisons
 
     @property
     def fp32_bytes(self) -> int:
@@ -312,18 +381,106 @@ class QuantComparison:
         check_choice("scheme", scheme, [r.scheme for r in self.rows])
         return next(r for r in self.rows if r.scheme == scheme)
 
-    def table(self):
-        """Bytes, quality and error per scheme, as a DataFrame."""
+    def paired(self, scheme: str, against: str) -> tuple[float, float]:
+        """Held-out loss of ``scheme`` minus ``against``'s on the same sequences and its standard error, nats (chapter: 3)."""
+        names = [r.scheme for r in self.rows]
+        check_choice("scheme", scheme, names)
+        check_choice("against", against, names)
+        if scheme not in self.seq_losses or against not in self.seq_losses:
+            raise MemlabError("this comparison kept no per-sequence losses; run compare_schemes again")
+        d = self.seq_losses[scheme] - self.seq_losses[against]  # (n,)
+        return float(d.mean()), float(d.std() / d.numel() ** 0.5)
+
+    def table(self, columns: str = "all"):
+        """Bytes (``columns="memory"``), quality (``"quality"``) or both (``"all"``) per scheme, as a DataFrame (chapter: 3).
+
+        Bits per linear weight count the quantized block linears with their scales; bits per
+        parameter (whole model) add the embedding, norms and head (16-bit) over all parameters.
+        The loss difference is each scheme's held-out loss minus fp32's on the same sequences.
+        """
+        import pandas as pd
+
+        check_choice("columns", columns, TABLE_COLUMNS)
+        memory = [{
+            "scheme": r.scheme, "linear KiB": r.linear_bytes / 1024,
+            "bits per linear weight": r.bits_per_param,
+            "bits per parameter (whole model)": r.model_bits_per_param,
+            "total KiB": r.total_bytes / 1024, "memory / fp32's": r.total_bytes / self.fp32_bytes,
+        } for r in self.rows]
+        quality = [{
+            "scheme": r.scheme, "loss (nats)": r.loss, "excess (nats)": r.excess,
+            "loss - fp32's (nats)": r.loss_delta, "2 SE (nats)": 2 * r.loss_delta_se,
+            "accuracy": r.accuracy, "mean layer error": r.mean_layer_error,
+            "max layer error": r.max_layer_error,
+        } for r in self.rows]
+        m = pd.DataFrame(memory).set_index("scheme")
+        q = pd.DataFrame(quality).set_index("scheme")
+        return {"memory": m, "quality": q, "all": m.join(q)}[columns]
+
+
+TABLE_COLUMNS = ("all", "memory", "quality")
+
+
+@dataclass(frozen=True)
+class NoiseRow:
+    """One scheme's paired difference from fp32, in standard errors (chapter: 3)."""
+
+    scheme: str
+    delta: float  # held-out loss minus fp32's, nats
+    se: float  # its paired standard error, nats
+    z: float  # delta / se
+    beyond: bool  # |delta| > z_each * se
+    beyond_corrected: bool  # |delta| > z_family * se (Bonferroni)
+
+
+@dataclass(frozen=True)
+class NoiseCheck:
+    """Several paired comparisons at once: how many would cross the interval by chance (chapter: 3).
+
+    With ``n`` comparisons at ``z_each`` standard errors, each crosses by chance with probability
+    ``1 - coverage`` when nothing differs, so about ``n (1 - coverage)`` are expected to;
+    Bonferroni's ``z_family`` keeps that chance for all ``n`` together at one comparison's.
+    """
+
+    comparisons: int
+    z_each: float
+    coverage: float  # P(|N(0, 1)| <= z_each), two-sided
+    expected_by_chance: float  # comparisons x (1 - coverage)
+    z_family: float  # Bonferroni: P(any of n crosses) <= 1 - coverage
+    rows: list[NoiseRow]
+
+    def frame(self):
+        """The rows as a DataFrame, one per scheme (chapter: 3)."""
         import pandas as pd
 
         return pd.DataFrame([{
-            "scheme": r.scheme, "linear KiB": r.linear_bytes / 1024,
-            "bits/param": r.bits_per_param, "total KiB": r.total_bytes / 1024,
-            "vs fp32": r.total_bytes / self.fp32_bytes,
-            "loss (nats)": r.loss, "excess (nats)": r.excess,
-            "vs fp32 (nats)": r.loss_delta, "2 SE": 2 * r.loss_delta_se, "accuracy": r.accuracy,
-            "mean layer error": r.mean_layer_error, "max layer error": r.max_layer_error,
+            "scheme": r.scheme, "loss - fp32's (nats)": r.delta, "SE (nats)": r.se,
+            "in SE": r.z, f"beyond {self.z_each:g} SE": r.beyond,
+            f"beyond {self.z_family:.2f} SE (Bonferroni)": r.beyond_corrected,
         } for r in self.rows]).set_index("scheme")
+
+
+def noise_check(comparison: QuantComparison, z: float = 2.0) -> NoiseCheck:
+    """Every scheme against fp32 at ``z`` standard errors, with the count expected by chance and Bonferroni's wider interval (chapter: 3)."""
+    if isinstance(z, bool) or not isinstance(z, (int, float)) or not z > 0:
+        raise MemlabError(f"z must be a positive number of standard errors, got {z!r}")
+    rows = [r for r in comparison.rows if r.scheme != "fp32"]
+    n = len(rows)
+    if n == 0:
+        raise MemlabError("the comparison holds no scheme besides fp32")
+    coverage = math.erf(z / math.sqrt(2))
+    alpha = (1 - coverage) / n  # per comparison, so that n of them cross with chance <= 1 - coverage
+    z_family = float(torch.special.ndtri(torch.tensor(1 - alpha / 2, dtype=torch.float64)))
+    out = []
+    for r in rows:
+        if r.loss_delta_se > 0:
+            zs = r.loss_delta / r.loss_delta_se
+        else:  # identical losses on every sequence, or a difference with no spread
+            zs = math.copysign(math.inf, r.loss_delta) if r.loss_delta else 0.0
+        out.append(NoiseRow(r.scheme, r.loss_delta, r.loss_delta_se, zs,
+                            abs(r.loss_delta) > z * r.loss_delta_se,
+                            abs(r.loss_delta) > z_family * r.loss_delta_se))
+    return NoiseCheck(n, float(z), coverage, n * (1 - coverage), z_family, out)
 
 
 def compare_schemes(scale: str | None = None, schemes=MODEL_SCHEMES, *, device=None,
@@ -344,7 +501,7 @@ def _compare(cfg: LMConfig, schemes: tuple[str, ...], device: str, group_size: i
     trained = trained_reference(cfg, device)
     cfg = trained.config
     reference = evaluate(trained.model, cfg)
-    rows, errors = [], {}
+    rows, errors, seq = [], {}, {}
     for s in schemes:
         qm = quantize_model(trained, s, device=device, group_size=group_size)
         quality = evaluate(qm.model, cfg)
@@ -356,5 +513,6 @@ def _compare(cfg: LMConfig, schemes: tuple[str, ...], device: str, group_size: i
             qm.total_bytes, 8 * qm.linear_bytes / qm.linear_params, quality.loss, quality.excess,
             quality.perplexity, quality.accuracy, sum(errs.values()) / len(errs), max(errs.values()),
             qm.quantize_s, qm.other_params, *paired_delta(quality, reference)))
+        seq[s] = quality.seq_loss
     return QuantComparison(rows, errors, reference, cfg, trained.train_s,
-                           trained.device)
+                           trained.device, seq)

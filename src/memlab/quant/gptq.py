@@ -48,6 +48,8 @@ chapter 3 reports per layer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from memlab.errors import MemlabError, check_positive_int
@@ -173,6 +175,12 @@ def _inverse_cholesky(H: torch.Tensor) -> torch.Tensor:
 
 def _gptq(weight, H, bits=4, group_size=None, blocksize=128, percdamp=0.01, act_order=False):
     """GPTQ's codes, state, and the quantized weight (out, in) it used while compensating."""
+    run = _gptq_run(weight, H, bits, group_size, blocksize, percdamp, act_order)
+    return run["codes"], run["state"], run["quantized"]
+
+
+def _gptq_run(weight, H, bits, group_size, blocksize, percdamp, act_order) -> dict:
+    """One GPTQ run: codes and state, and what each column was when rounded (in processing order)."""
     _check_bits(bits)
     W = _check_weight(weight).clone()  # (out, in), updated in place as columns are quantized
     out_features, in_features = W.shape
@@ -190,6 +198,7 @@ def _gptq(weight, H, bits=4, group_size=None, blocksize=128, percdamp=0.01, act_
     H = H.detach().to(W.device, torch.float32).clone()  # (in, in), the caller's H is left alone
     if not torch.isfinite(H).all():
         raise MemlabError("H must hold finite values (got inf or NaN)")
+    H_in = H.clone()  # (in, in) undamped: the objective GptqColumns reports
 
     if group_size is None:  # one grid per row, from the original weight (reference behaviour)
         scale, zero, row_state = _grid(W, bits)  # (out,), (out,)
@@ -198,9 +207,11 @@ def _gptq(weight, H, bits=4, group_size=None, blocksize=128, percdamp=0.01, act_
     H[dead, dead] = 1
     W[:, dead] = 0
 
+    perm = torch.arange(in_features, device=W.device)  # (in,) original column of each step
     if act_order:  # the inputs with the largest H[i, i] first
         perm = torch.argsort(torch.diag(H), descending=True)  # (in,)
         W, H = W[:, perm], H[perm][:, perm]
+    W0 = W.clone()  # (out, in) the weight GPTQ starts from, in processing order
 
     damp = percdamp * torch.mean(torch.diag(H))  # λ
     H.diagonal().add_(damp)
@@ -209,6 +220,8 @@ def _gptq(weight, H, bits=4, group_size=None, blocksize=128, percdamp=0.01, act_
     levels = 2 ** bits - 1
     codes = torch.zeros(out_features, in_features, dtype=torch.uint8, device=W.device)
     Wq = torch.zeros_like(W)  # (out, in) the quantized weight, in processing order
+    seen = torch.zeros_like(W)  # (out, in) each column as it was when rounded
+    errors = torch.zeros_like(W)  # (out, in) the scaled errors (w - q) / U[j, j], every column
     scales, zeros = [], []  # per group: (out,) fp16 and (out,) uint8
     for i1 in range(0, in_features, blocksize):
         i2 = min(i1 + blocksize, in_features)
@@ -225,14 +238,17 @@ def _gptq(weight, H, bits=4, group_size=None, blocksize=128, percdamp=0.01, act_
                 scales.append(st.scale)
                 zeros.append(st.zero)
             w = W1[:, i]  # (out,)
+            seen[:, j] = w
             q = (torch.round(w / scale) + zero).clamp(0, levels)  # as zeropoint_quantize rounds
             codes[:, j] = q.to(torch.uint8)
             Wq[:, j] = (q - zero) * scale  # as memlab.quant.functional.dequantize computes it
             err = (w - Wq[:, j]) / Hinv1[i, i]  # (out,)
             W1[:, i:] -= err.unsqueeze(1) @ Hinv1[i, i:].unsqueeze(0)  # (out, B - i)
             Err1[:, i] = err
+        errors[:, i1:i2] = Err1
         W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]  # the block's updates to all later columns at once
 
+    Wq_order = Wq.clone()  # (out, in) processing order, for GptqColumns
     if act_order:  # back to the original column order
         inv = torch.argsort(perm)
         codes, Wq = codes[:, inv], Wq[:, inv]
@@ -243,7 +259,9 @@ def _gptq(weight, H, bits=4, group_size=None, blocksize=128, percdamp=0.01, act_
         state = ZeroPointState(
             scale=torch.stack(scales, dim=1).reshape(-1), zero=torch.stack(zeros, dim=1).reshape(-1),
             bits=bits, granularity="block", blocksize=group_size, shape=(out_features, in_features))
-    return codes, state, Wq
+    return dict(codes=codes, state=state, quantized=Wq, weight=W0, seen=seen,
+                quantized_in_order=Wq_order, errors=errors, U=Hinv, H=H_in[perm][:, perm],
+                order=perm, blocksize=blocksize, group_size=group_size, bits=bits)
 
 
 def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int = 4, *,
@@ -252,6 +270,74 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int = 4, *,
     """GPTQ (arXiv:2210.17323, Algorithm 1): uint8 codes (out, in) on RTN's grid, error-compensated with H (chapter: 3)."""
     codes, state, _ = _gptq(weight, H, bits, group_size, blocksize, percdamp, act_order)
     return codes, state
+
+
+@dataclass(frozen=True)
+class GptqColumns:
+    """One GPTQ run column by column, in processing order: what each column was when rounded (chapter: 3).
+
+    ``seen - weight`` is the compensation a column received from the columns rounded before it;
+    ``errors[:, j]`` is the scaled rounding error ``(w_j - q_j) / U[j, j]`` that column ``j``
+    passes on, ``W[:, k] -= errors[:, j] * U[j, k]`` for every later ``k``. Inside a lazy
+    block the update reaches the block's own columns at once and the columns after it when the
+    block ends; either way a column has all of its updates when it is rounded.
+    """
+
+    weight: torch.Tensor  # (out, in) the weight GPTQ starts from (dead inputs zeroed)
+    seen: torch.Tensor  # (out, in) each column when it was rounded: weight + updates so far
+    quantized: torch.Tensor  # (out, in) the dequantized codes
+    errors: torch.Tensor  # (out, in) scaled rounding errors (w - q) / U[j, j]
+    U: torch.Tensor  # (in, in) upper Cholesky factor of the damped H^-1
+    H: torch.Tensor  # (in, in) the undamped H = 2 XᵀX / N the objective uses
+    order: torch.Tensor  # (in,) original column index of each processed column
+    blocksize: int  # columns per lazy batch
+    group_size: int | None  # inputs per scale (None: one per row)
+    bits: int
+    codes: torch.Tensor  # (out, in) uint8, original column order (what gptq_quantize returns)
+    state: ZeroPointState
+
+    @property
+    def update(self) -> torch.Tensor:
+        """(out, in) the compensation each weight received before it was rounded, seen - weight."""
+        return self.seen - self.weight
+
+    def relative_error_path(self, rtn: torch.Tensor | None = None, points: int = 96) -> dict:
+        """Relative output error on the calibration inputs after the first j columns are rounded (chapter: 3).
+
+        GPTQ's path keeps every later column compensated (as if the lazy updates were applied at
+        once); with ``rtn`` (out, in) in processing order, the same path for round-to-nearest,
+        whose later columns stay as trained. Returns ``{"columns": [...], "gptq": [...],
+        "rtn": [...]}``, fractions of ``||X Wᵀ||``.
+        """
+        W, H, U, E = (t.double() for t in (self.weight, self.H, self.U, self.errors))
+        n = W.shape[1]
+        norm = float(((W @ H) * W).sum())
+        cols = sorted({round(k * n / points) for k in range(points + 1)})
+
+        def rel(Wj: torch.Tensor) -> float:
+            D = W - Wj  # (out, in)
+            return max(float(((D @ H) * D).sum()), 0.0) ** 0.5 / norm ** 0.5
+
+        Wq = self.quantized.double()
+        out = {"columns": cols, "gptq": []}
+        for j in cols:  # columns < j rounded, the rest carrying the updates of those j
+            rest = W[:, j:] - E[:, :j] @ U[:j, j:]  # (out, in - j)
+            out["gptq"].append(rel(torch.cat([Wq[:, :j], rest], dim=1)))
+        if rtn is not None:
+            R = rtn.double()
+            out["rtn"] = [rel(torch.cat([R[:, :j], W[:, j:]], dim=1)) for j in cols]
+        return out
+
+
+def gptq_by_column(weight: torch.Tensor, H: torch.Tensor, bits: int = 4, *,
+               group_size: int | None = None, blocksize: int = 128, percdamp: float = 0.01,
+               act_order: bool = False) -> GptqColumns:
+    """:func:`gptq_quantize`, keeping what each column was when rounded and the errors it passed on (chapter: 3)."""
+    run = _gptq_run(weight, H, bits, group_size, blocksize, percdamp, act_order)
+    return GptqColumns(weight=run["weight"], seen=run["seen"], quantized=run["quantized_in_order"],
+                     errors=run["errors"], U=run["U"], H=run["H"], order=run["order"],
+                     blocksize=run["blocksize"], group_size=run["group_size"], bits=run["bits"],
+                     codes=run["codes"], state=run["state"])
 
 
 # Errors ----------------------------------------------------------------------------------------

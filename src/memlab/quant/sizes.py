@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # Memory of a 20B model -----------------------------------------------------------------------------
@@ -27,10 +28,18 @@ def neox_20b_groups() -> dict[str, int]:
 
 @dataclass(frozen=True)
 class MemoryRow:
+    """One scheme's weight memory for GPT-NeoX-20B, estimated from its shape (chapter: 3)."""
+
     scheme: str
     claimed_gb: float | None  # n * bits / 8, as popular material computes it
     weights_gb: float  # block linears with their scales, the rest in 16-bit (fp32 for fp32)
-    bits_per_param: float  # of the block linears
+    bits_per_param: float  # per weight of the block linears, scales included
+    model_bits_per_param: float = math.nan  # weights_gb over every parameter: the whole model
+
+    @property
+    def linear_bits_per_param(self) -> float:
+        """Bits per weight of the block linears, scales included (= ``bits_per_param``)."""
+        return self.bits_per_param
 
 
 def memory_20b() -> list[MemoryRow]:
@@ -49,5 +58,21 @@ def memory_20b() -> list[MemoryRow]:
         ("nf4 + double quant", 4, bits_per_parameter("nf4", double_quant=True), 2),
         ("int4 GPTQ, groups of 128", 4, bits_per_parameter("int4-zp", blocksize=128), 2),
     ]
-    return [MemoryRow(s, CLAIMED_PARAMS * nb / 8 / 1e9, (g["linear"] * lb / 8 + rest * rb) / 1e9, lb)
-            for s, nb, lb, rb in plan]
+    n = sum(g.values())
+    rows = []
+    for s, nb, lb, rb in plan:
+        weight_bytes = g["linear"] * lb / 8 + rest * rb
+        rows.append(MemoryRow(s, CLAIMED_PARAMS * nb / 8 / 1e9, weight_bytes / 1e9, lb,
+                              8 * weight_bytes / n))
+    return rows
+
+
+def memory_20b_frame():
+    """:func:`memory_20b` as a DataFrame with the units in its column names (chapter: 3)."""
+    import pandas as pd
+
+    return pd.DataFrame([{
+        "scheme": r.scheme, "claimed GB (n x bits / 8)": r.claimed_gb,
+        "weights GB (estimated)": r.weights_gb, "bits per linear weight": r.bits_per_param,
+        "bits per parameter (whole model)": r.model_bits_per_param,
+    } for r in memory_20b()]).set_index("scheme")
