@@ -282,11 +282,47 @@ def test_flushed_share_check(lab, grads, capsys):
     threshold = spec(GRAD_FORMAT).min_subnormal / 2
     from_the_distribution = (math.log10(threshold) - low) / (high - low)
     assert lab.check("2.3b", from_the_distribution, grads=grads).ok
-    below_min_subnormal = (grads.abs() < spec(GRAD_FORMAT).min_subnormal).double().mean().item()
-    assert lab.check("2.3b", below_min_subnormal, grads=grads).status == "not yet"
     assert lab.check("2.3b", None, grads=grads).status == "not attempted"
-    lines = capsys.readouterr().out.splitlines()
-    assert "half the smallest subnormal" in lines[2]
+    capsys.readouterr()
+
+
+def _share_below(grads, threshold):
+    return (grads.abs() < threshold).double().mean().item()
+
+
+@pytest.mark.parametrize(
+    ("which", "names"),
+    [
+        ("min_subnormal", "that counts the values below the smallest subnormal"),
+        ("min_normal", "that counts the values below the smallest normal"),
+        ("percent", "a share is a fraction between 0 and 1, not a percentage"),
+        ("other", "half the smallest subnormal"),
+    ],
+)
+def test_flushed_share_hints_name_the_mistake(lab, grads, capsys, which, names):
+    """Each typical wrong share gets the hint of its own mistake, and never a unit hint."""
+    s = spec(GRAD_FORMAT)
+    answer = {
+        "min_subnormal": _share_below(grads, s.min_subnormal),
+        "min_normal": _share_below(grads, s.min_normal),
+        "percent": 100 * flushed_share(grads),
+        "other": 0.9 * flushed_share(grads),
+    }[which]
+    assert lab.check("2.3b", answer, grads=grads).status == "not yet"
+    line = _line(capsys)
+    assert names in line
+    assert "units" not in line and "MiB" not in line
+    others = {"that counts the values below the smallest subnormal",
+              "that counts the values below the smallest normal",
+              "a share is a fraction between 0 and 1, not a percentage"} - {names}
+    assert not any(other in line for other in others)
+
+
+def test_below_min_subnormal_is_the_coincidental_unit_ratio(grads):
+    """The review's case: this wrong share is 2^20/10^6 times the right one within the tolerance,
+    which a unit heuristic would blame on MiB and MB."""
+    wrong = _share_below(grads, spec(GRAD_FORMAT).min_subnormal)
+    assert math.isclose(wrong / flushed_share(grads), 2**20 / 10**6, rel_tol=0.02)
 
 
 # ----------------------------------------------------------- 2.4 the loss scale

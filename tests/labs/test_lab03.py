@@ -227,7 +227,7 @@ def _absmax_variant(kind):
 
 
 @pytest.mark.parametrize(("kind", "words"), [
-    ("trunc", "truncated toward zero"),
+    ("trunc", "truncated toward zero, which is what .to(torch.int8) does"),
     ("float", "not integers"),
     ("floor", "floor rounds down"),
     ("128", "the largest code is 127, not 128"),
@@ -303,6 +303,8 @@ def _zp_variant(kind):
         v = x / scale
         if kind == "trunc":
             codes = v.to(torch.int32) + zero
+        elif kind == "cast":  # x / scale + zero cast without rounding: floor for these values
+            codes = (v + zero).to(torch.uint8)
         elif kind == "float":
             codes = v + zero
         elif kind == "min-anchored":
@@ -326,7 +328,8 @@ def _zp_variant(kind):
     ("inverse", "the step between two codes"),
     ("unrounded-zero", "the zero-point is a code, an integer"),
     ("zero-sign", "not round(min / scale)"),
-    ("trunc", "truncated toward zero"),
+    ("trunc", "truncated toward zero, which is what .to(torch.uint8) does"),
+    ("cast", "truncated toward zero, which is what .to(torch.uint8) does"),
     ("float", "not integers"),
     ("min-anchored", "round x / scale first"),
     ("clamp-127", "codes above 127 are clamped"),
@@ -544,3 +547,36 @@ def test_zeropoint_reference_is_memlab_quant():
         codes, scale, zero = zeropoint_uint8(t, bits)
         q, state = zeropoint_quantize(t, bits)
         assert torch.equal(codes, q) and scale == state.scale and zero == state.zero
+
+
+# ------------------------------------------------------- casts and mark-scheme numbers
+
+
+def test_cast_truncates_and_wraps_while_quantization_rounds_and_clamps():
+    out = lab03.cast_vs_round((2.7, -2.7, 300.0, -300.0))
+    cast, rounded = out["x.to(torch.int8)"], out["x.round().clamp(-127, 127).to(torch.int8)"]
+    assert cast[:2] == [2, -2]  # toward zero, not to the nearest
+    assert rounded == [3, -3, 127, -127]
+    # past int8's range the cast is not a clamp (on x86 it keeps the low 8 bits: 44, -44)
+    assert cast[2] != 127 and cast[3] != -127
+
+
+def test_truncation_hint_fires_only_on_truncated_codes(lab, capsys):
+    for kind in ("floor", "128", "max", "one-off"):
+        lab.check("3.1a", _absmax_variant(kind))
+        assert ".to(torch.int8) does" not in _line(capsys)
+    for kind in ("min-anchored", "float", "levels"):
+        lab.check("3.1b", _zp_variant(kind))
+        assert ".to(torch.uint8) does" not in _line(capsys)
+
+
+def test_mark_scheme_numbers_come_from_the_library():
+    saving = lab03.double_quant_saving()
+    one = bits_per_parameter("nf4", blocksize=64)
+    two = bits_per_parameter(**QLORA)
+    assert saving["bits per weight"] == pytest.approx(one - two)
+    assert saving["GB"] == pytest.approx(model_weights_gb(bits=one) - model_weights_gb(bits=two))
+    kept = lab03.kept_share()
+    cfg = PRESETS[MODEL]
+    assert kept["parameters"] == pytest.approx(1 - quantized_parameters(cfg) / cfg.num_parameters())
+    assert 0 < kept["parameters"] < kept["bytes"] < 1

@@ -266,11 +266,79 @@ def test_indented_regions_keep_valid_code():
     )
     stats = StripStats()
     out = strip_solutions(_nb(_code(src)), stats=stats)["cells"][0]["source"]
-    assert "    pass  # YOUR CODE HERE\n" in out
+    # after a docstring the block has a statement: the stub is nbgrader's bare comment
+    assert '    """Doc."""\n    # YOUR CODE HERE\n' in out
+    # as the whole body of a block, a comment alone would not compile: `pass` is added
     assert "        pass  # YOUR CODE HERE\n" in out
     assert "return 2 * x" not in out and "print(i, j)" not in out
     assert stats.code_regions == 2
     _compiles(out)
+
+
+@pytest.mark.parametrize(
+    ("src", "needs_pass"),
+    [
+        ("if True:\n    ### BEGIN SOLUTION\n    x = 1\n    ### END SOLUTION\n", True),
+        ("if True:\n    ### BEGIN SOLUTION\n    x = 1\n    ### END SOLUTION\n    y = 2\n", False),
+        ("def f():\n    # a comment is no statement\n    ### BEGIN SOLUTION\n    return 1\n"
+         "    ### END SOLUTION\nprint(f())\n", True),
+    ],
+)
+def test_pass_only_where_the_block_would_be_empty(src, needs_pass):
+    out = strip_solutions(_nb(_code(src)))["cells"][0]["source"]
+    assert ("pass  # YOUR CODE HERE" in out) == needs_pass
+    _compiles(out)
+
+
+def test_hidden_tests_are_removed():
+    src = ('lab.check("1.1", answer)\n### BEGIN HIDDEN TESTS\nassert lab.passed("1.1")\n'
+           "### END HIDDEN TESTS")
+    stats = StripStats()
+    out = strip_solutions(_nb(_code(src)), stats=stats)["cells"][0]["source"]
+    assert out == 'lab.check("1.1", answer)'
+    assert stats.hidden_test_regions == 1 and stats.code_regions == 0
+    with pytest.raises(MemlabError, match="never closed"):
+        strip_solutions(_nb(_code("### BEGIN HIDDEN TESTS\nassert False\n")))
+
+
+def test_passed_is_the_autograder_test(lab, capsys):
+    assert not lab.passed("1.1")  # never checked
+    lab.check("1.1", 1)
+    assert not lab.passed("1.1")
+    lab.check("1.1", 4000)
+    assert lab.passed("1.1")
+    capsys.readouterr()
+    with pytest.raises(MemlabError, match="unknown exercise"):
+        lab.passed("9.9")
+
+
+def test_dimensionless_answers_get_no_unit_hint(capsys):
+    lab = Lab("t")
+    lab.exercise("share", "a share", expected=lambda: 0.5, rtol=0.02, dimensionless=True)
+    lab.exercise("bytes", "bytes", expected=lambda: 0.5, rtol=0.02)
+    wrong = 0.5 * 2**20 / 10**6
+    assert "units" not in str(lab.check("share", wrong))
+    assert "MiB and MB" in str(lab.check("bytes", wrong))
+    capsys.readouterr()
+    with pytest.raises(MemlabError, match="dimensionless must be True or False"):
+        Exercise("x", "y", expected=lambda: 1, dimensionless="yes")
+
+
+def test_custom_checks_get_the_exercise_tolerance():
+    lab = Lab("t")
+    lab.exercise("c", "within the exercise's rtol", rtol=0.1,
+                 check=lambda answer, rtol: abs(answer - 1) <= rtol)
+    assert lab.check("c", 1.05).ok and not lab.check("c", 1.2).ok
+
+
+def test_named_slip_fires_only_within_the_tolerance():
+    from memlab.labs.grader import named_slip
+
+    slips = [(100.0, "a"), (200.0, "b", "label b")]
+    assert named_slip(101.0, slips, 0.02) == "a"
+    assert named_slip(199.0, slips, 0.02) == "b"
+    assert named_slip(150.0, slips, 0.02) == ""
+    assert named_slip(float("nan"), slips, 0.02) == ""
 
 
 def test_source_as_list_of_lines_and_input_untouched():

@@ -79,7 +79,9 @@ class Exercise:
     exactly, or within the relative tolerance ``rtol``. ``check``, when given, replaces that
     comparison: it is called as ``check(answer, **context)`` (plus ``expected=`` when
     ``expected`` is set, if it takes that argument) and returns ``(ok, hint)``, ``ok``, or
-    ``None`` when the answer is still a stub.
+    ``None`` when the answer is still a stub; a check that takes ``rtol`` gets the exercise's.
+    ``dimensionless``: the answer is a ratio or a share, so a wrong one is never blamed on
+    units (bytes, GiB, GB): a factor such as 2^20/10^6 = 1.049 would only be a coincidence.
     """
 
     id: str
@@ -88,6 +90,7 @@ class Exercise:
     rtol: float = 0.0
     check: Callable[..., Any] | None = None
     hint: str = ""
+    dimensionless: bool = False
 
     def __post_init__(self):
         if not isinstance(self.id, str) or not self.id.strip():
@@ -107,6 +110,10 @@ class Exercise:
         ):
             raise MemlabError(
                 f"exercise {self.id!r}: rtol must be a number >= 0, got {self.rtol!r}"
+            )
+        if not isinstance(self.dimensionless, bool):
+            raise MemlabError(
+                f"exercise {self.id!r}: dimensionless must be True or False, got {self.dimensionless!r}"
             )
 
 
@@ -194,9 +201,11 @@ class Lab:
         rtol: float = 0.0,
         check: Callable[..., Any] | None = None,
         hint: str = "",
+        dimensionless: bool = False,
     ) -> Exercise:
         """Define and add one exercise; see :class:`Exercise` for the arguments (chapter: labs)."""
-        return self.add(Exercise(id, summary, expected=expected, rtol=rtol, check=check, hint=hint))
+        return self.add(Exercise(id, summary, expected=expected, rtol=rtol, check=check, hint=hint,
+                                 dimensionless=dimensionless))
 
     def get(self, exercise_id: str) -> Exercise:
         """The exercise with this id, or a one-line error naming the accepted ids (chapter: labs)."""
@@ -211,6 +220,12 @@ class Lab:
     def describe(self) -> str:
         """One line per exercise: its id and summary (chapter: labs)."""
         return "\n".join(f"{ex.id}  {ex.summary}" for ex in self.exercises)
+
+    def passed(self, exercise_id: str) -> bool:
+        """True when the latest check of the exercise said ``correct``: the autograder's test (chapter: labs)."""
+        self.get(exercise_id)  # an unknown id is a one-line error
+        result = self.results.get(exercise_id)
+        return result is not None and result.ok
 
     def check(self, exercise_id: str, answer: Any, **context: Any) -> CheckResult:
         """Check an answer, print one line (correct / not yet / not attempted) and return it (chapter: labs)."""
@@ -321,7 +336,7 @@ def _judge(ex: Exercise, answer: Any, context: Mapping[str, Any]) -> tuple[str, 
     hint = _one_line(ex.hint)
     expected = _call_with_context(ex.expected, (), context) if ex.expected is not None else None
     if ex.check is not None:
-        extra = dict(context)
+        extra = {"rtol": ex.rtol, **context}
         if ex.expected is not None:
             extra["expected"] = expected
         # A student's answer of an unexpected kind must give "not yet", never a traceback.
@@ -337,7 +352,7 @@ def _judge(ex: Exercise, answer: Any, context: Mapping[str, Any]) -> tuple[str, 
             return NOT_ATTEMPTED, "replace None with your answer"
         ok, why = verdict if isinstance(verdict, tuple) else (verdict, "")
         return (CORRECT, "") if ok else (NOT_YET, _join(_one_line(why or ""), hint))
-    ok, why = _compare(answer, expected, float(ex.rtol))
+    ok, why = _compare(answer, expected, float(ex.rtol), units=not ex.dimensionless)
     return (CORRECT, "") if ok else (NOT_YET, _join(why, hint))
 
 
@@ -390,6 +405,22 @@ def answer_keys_problem(answer: Any, keys: Iterable[str], name: str) -> str | No
     return None
 
 
+def close_to(a: float, b: float, rtol: float) -> bool:
+    """True when two finite numbers agree within the relative tolerance ``rtol`` of ``b`` (chapters: labs)."""
+    return (math.isfinite(a) and math.isfinite(b)
+            and abs(a - b) <= max(rtol, 1e-12) * abs(b) + 1e-300)
+
+
+def named_slip(answer: float, slips: Iterable[tuple[float, str]], rtol: float) -> str:
+    """The hint of the first typical wrong answer ``answer`` matches within ``rtol``, else '' (chapters: labs).
+
+    ``slips`` holds (the value a misconception gives, the hint that names it, and optionally a
+    short label), each value computed from what the check compares with, so a hint fires only on
+    the answer its mistake produces.
+    """
+    return next((hint for value, hint, *_ in slips if close_to(answer, value, rtol)), "")
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Number) and not isinstance(value, bool)
 
@@ -399,7 +430,7 @@ def _show(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _compare(answer: Any, expected: Any, rtol: float) -> tuple[bool, str]:
+def _compare(answer: Any, expected: Any, rtol: float, units: bool = True) -> tuple[bool, str]:
     answer, expected = _plain(answer), _plain(expected)
     if isinstance(expected, bool):
         if isinstance(answer, bool):
@@ -418,7 +449,7 @@ def _compare(answer: Any, expected: Any, rtol: float) -> tuple[bool, str]:
             return False, ""
         if rtol > 0 and abs(a - e) <= rtol * abs(e):
             return True, ""
-        return False, _unit_hint(a, e, rtol)
+        return False, _unit_hint(a, e, rtol) if units else ""
     if isinstance(expected, str):
         if not isinstance(answer, str):
             return False, f"expected a string, got {type(answer).__name__} {_show(answer)}"
@@ -432,7 +463,7 @@ def _compare(answer: Any, expected: Any, rtol: float) -> tuple[bool, str]:
         if len(answer) != len(expected):
             return False, f"expected {len(expected)} values, got {len(answer)}"
         for i, (a, e) in enumerate(zip(answer, expected, strict=True)):
-            ok, why = _compare(a, e, rtol)
+            ok, why = _compare(a, e, rtol, units)
             if not ok:
                 return False, f"value {i} is not right" + (f" ({why})" if why else "")
         return True, ""
@@ -445,7 +476,7 @@ def _compare(answer: Any, expected: Any, rtol: float) -> tuple[bool, str]:
                 f"expected the keys {sorted(map(str, expected))}, got {sorted(map(str, answer))}",
             )
         for key, e in expected.items():
-            ok, why = _compare(answer[key], e, rtol)
+            ok, why = _compare(answer[key], e, rtol, units)
             if not ok:
                 return False, f"the value for {key!r} is not right" + (f" ({why})" if why else "")
         return True, ""

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from memlab.labs.grader import answer_keys_problem, answer_number, define_lab
+from memlab.labs.grader import answer_keys_problem, answer_number, close_to, define_lab, named_slip
 from memlab.precision.formats import decode, round_to, spec, value_kind
 
 # Exercise 2.1: bit patterns to decode by hand, as (format, bit string).
@@ -199,8 +199,6 @@ def grad_scaler_scales(max_abs_grad: float, steps: int, fmt: str = GRAD_FORMAT,
 # -------------------------------------------------------------------------- checks
 
 
-
-
 def _same(answer: float, expected: float) -> bool:
     if math.isnan(expected):
         return math.isnan(answer)
@@ -271,6 +269,37 @@ def check_predictions(answer):
         f"{key!r}: {RULES[key]}" for key in wrong)
 
 
+def share_below(grads: torch.Tensor, threshold: float) -> float:
+    """Share of the nonzero gradients whose magnitude is below ``threshold`` (chapter: 2)."""
+    nonzero = grads != 0
+    return ((grads.abs() < threshold) & nonzero).sum().item() / max(1, nonzero.sum().item())
+
+
+def flush_slips(grads: torch.Tensor) -> list[tuple[float, str]]:
+    """Typical wrong shares of gradients that fp16 flushes to zero, each with its hint (chapter: 2)."""
+    s = spec(GRAD_FORMAT)
+    return [
+        (share_below(grads, s.min_subnormal), "that counts the values below the smallest "
+         "subnormal; round to nearest sends a value to it, not to 0, once it is above half of it"),
+        (share_below(grads, s.min_normal), "that counts the values below the smallest normal: "
+         "the subnormals between 0 and it are kept, with fewer significant bits"),
+        (share_below(grads, s.min_subnormal / 2) * 100, "a share is a fraction between 0 and 1, "
+         "not a percentage"),
+    ]
+
+
+def check_flushed(answer, grads, rtol: float = 0.02):
+    """Check the share of ``grads`` that a cast to fp16 turns into 0 (chapter: 2)."""
+    got = answer_number(answer)
+    if got is None:
+        return False, f"answer a number, a share between 0 and 1; got {type(answer).__name__}"
+    if close_to(got, flushed_share(grads), rtol):
+        return True
+    return False, named_slip(got, flush_slips(grads), rtol) or (
+        "a value becomes 0 when round to nearest sends it to 0: its magnitude is at most half "
+        "the smallest subnormal; count those (or cast with grads.half() and count the zeros)")
+
+
 def check_loss_scale(answer, grads):
     """Check a loss scale: a power of two, no overflow, the fewest gradients flushed (chapter: 2)."""
     scale = answer_number(answer)
@@ -320,10 +349,9 @@ lab.exercise(
 lab.exercise(
     "2.3b",
     "share of the gradient tensor that flushes to zero when cast to fp16 (within 2%)",
-    expected=lambda grads: flushed_share(grads),
+    check=check_flushed,
     rtol=0.02,
-    hint="a value becomes 0 when round to nearest sends it to 0: its magnitude is at most half "
-    "the smallest subnormal; count those (or cast with grads.half() and count the zeros)",
+    dimensionless=True,
 )
 lab.exercise(
     "2.4",

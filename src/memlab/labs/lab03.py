@@ -52,10 +52,12 @@ CODE_FORMATS = {"nf4": "nf4", "int8": "int8", "int4-zp": "int4"}
 MODEL = "llama2-7b"
 QLORA = dict(scheme="nf4", blocksize=64, double_quant=True)
 KEPT_BITS = 16  # bf16
+GB_RTOL = 1e-3
 
 # Exercise 3.3: activations (tokens, features) with injected outlier features, and a weight.
 ACTIVATIONS = dict(tokens=64, features=512, seed=0)
 INT8_WEIGHT = dict(out_features=256, std=0.02, seed=1)
+RATIO_RTOL = 0.01
 
 # Exercise 3.4: one Linear layer's heavy-tailed weight, the inputs the output error is measured
 # on, and the budget in bits per weight (turned into bytes for this layer).
@@ -235,9 +237,45 @@ def best_scheme(table: Iterable[SchemeRow], budget: int) -> str:
     return min(fitting, key=lambda row: row.relative_error).scheme
 
 
+# -------------------------------------------------------------------- casts and notes
+
+# A few floats to show what a cast to int8 does, next to quantization's round and clamp.
+CAST_VALUES = (2.7, -2.7, 300.0, -300.0)
+
+
+def cast_vs_round(values=CAST_VALUES) -> dict[str, list[int]]:
+    """The same floats cast with .to(torch.int8) and rounded then clamped to -127..127 (chapter: 3).
+
+    A cast truncates toward zero and, past int8's range, keeps the low 8 bits (wraps modulo 256);
+    converting an out-of-range float is undefined in C++, so that part can differ by CPU.
+    Quantization rounds to the nearest code and clamps.
+    """
+    x = torch.tensor(values, dtype=torch.float32)
+    return {"x.to(torch.int8)": x.to(torch.int8).tolist(),
+            "x.round().clamp(-127, 127).to(torch.int8)":
+                x.round().clamp(-127, 127).to(torch.int8).tolist()}
+
+
+def double_quant_saving() -> dict[str, float]:
+    """What double quantization saves: bits per weight, and GB on :data:`MODEL` (chapter: 3)."""
+    one = bits_per_parameter(QLORA["scheme"], blocksize=QLORA["blocksize"])
+    two = bits_per_parameter(**QLORA)
+    return {"bits per weight": one - two,
+            "GB": model_weights_gb(bits=one) - model_weights_gb(bits=two)}
+
+
+def kept_share() -> dict[str, float]:
+    """Share of :data:`MODEL`'s parameters kept in bf16 (embedding, lm_head, norms), and of its bytes
+    stored the QLoRA way (chapter: 3)."""
+    cfg = PRESETS[MODEL]
+    quantized = quantized_parameters(cfg)
+    kept = cfg.num_parameters() - quantized
+    kept_bits = kept * KEPT_BITS
+    return {"parameters": kept / cfg.num_parameters(),
+            "bytes": kept_bits / (kept_bits + quantized * bits_per_parameter(**QLORA))}
+
+
 # -------------------------------------------------------------------------- checks
-
-
 
 
 def _close(a: float, b: float, rtol: float = 1e-5) -> bool:
@@ -279,6 +317,16 @@ def _like(codes: torch.Tensor, rule: Callable[[torch.Tensor], torch.Tensor],
     ``scaled`` lies within ``slack`` of the rule's edge (fp32 and fp64 can land on either side)."""
     got = codes.double()
     return bool(((got == rule(scaled - slack)) | (got == rule(scaled + slack))).all())
+
+
+def _like_inside(codes: torch.Tensor, rule: Callable[[torch.Tensor], torch.Tensor],
+                 values: torch.Tensor, lo: float, hi: float, slack: float = 1e-4) -> bool:
+    """:func:`_like` on the values inside [lo + slack, hi - slack] only: at and past the edges a
+    cast of a float to an integer dtype wraps or is undefined, so those codes say nothing."""
+    inside = (values >= lo + slack) & (values <= hi - slack)
+    if not inside.any():
+        return False
+    return _like(codes.double()[inside], rule, values[inside], slack)
 
 
 def _rounding_hint(codes: torch.Tensor) -> str | None:
@@ -329,8 +377,9 @@ def check_absmax(answer):
     if not _same_codes(codes, q_ref):
         scaled = x.double() / ref_scale
         if _like(codes, torch.trunc, scaled):
-            return False, ("the codes are truncated toward zero (a cast to an integer dtype does "
-                           "that): round to the nearest integer first with torch.round")
+            return False, ("the codes are truncated toward zero, which is what .to(torch.int8) "
+                           "does to a float (and it wraps a value outside -128..127 around "
+                           "modulo 256): round x / scale with torch.round, clamp, then cast")
         if _like(codes, torch.floor, scaled):
             return False, "floor rounds down: round x / scale to the nearest integer"
         if codes.dtype == torch.uint8 and _same_codes(codes, q_ref.to(torch.int16) % 256):
@@ -411,9 +460,12 @@ def _check_zeropoint_case(t, bits, codes, scale, zero, where):
         return False, f"{where}: {hint}"
     if not _same_codes(codes, q_ref):
         scaled = t.double() / ref_scale
-        if _like(codes.double() - ref_zero, torch.trunc, scaled):
-            return False, (f"{where}: the codes are truncated toward zero: round x / scale to "
-                           "the nearest integer with torch.round")
+        if (_like(codes.double() - ref_zero, torch.trunc, scaled)
+                or _like_inside(codes, torch.trunc, scaled + ref_zero, 0, levels)):
+            return False, (f"{where}: the codes are truncated toward zero, which is what "
+                           ".to(torch.uint8) does to a float (and it wraps a value outside "
+                           "0..255 around modulo 256): round x / scale with torch.round, add "
+                           "the zero-point, clamp, then cast")
         if _like(codes, torch.round, (t.double() - lo) / ref_scale):
             return False, (f"{where}: round x / scale first, then add the integer zero-point: "
                            "rounding (x - min) / scale moves some codes by one")
@@ -476,13 +528,13 @@ def check_bits(answer):
     return False, f"{len(wrong)} of {len(BITS_CASES)} not right: " + "; ".join(wrong)
 
 
-def check_model_gb(answer):
+def check_model_gb(answer, rtol: float = GB_RTOL):
     """Check the GB of :data:`MODEL`'s weights stored the QLoRA way (chapter: 3)."""
     got = answer_number(answer)
     if got is None:
         return False, f"answer a number of GB, got {type(answer).__name__}"
     expected = model_weights_gb()
-    if _close(got, expected, rtol=1e-3):
+    if _close(got, expected, rtol=rtol):
         return True
     cfg = PRESETS[MODEL]
     everything = to_unit(cfg.num_parameters() * bits_per_parameter(**QLORA) / 8, "GB")
@@ -498,7 +550,7 @@ def check_model_gb(answer):
         (expected * 8, "bits and bytes are different units: answer GB (10^9 bytes)"),
         (to_unit(cfg.num_parameters() * 2, "GB"), "that is the whole model in bf16"),
     ]
-    why = next((text for value, text in variants if _close(got, value, rtol=1e-3)), "")
+    why = next((text for value, text in variants if _close(got, value, rtol=rtol)), "")
     return False, why or "(Linear weights * bits per weight + the rest * 16 bits) / 8 / 10^9"
 
 
@@ -544,16 +596,16 @@ def check_outliers(answer, x):
     return False, ", ".join(parts)
 
 
-def check_error_ratio(answer, x, weight):
-    """Check plain int8's output error divided by LLM.int8()'s, within 1% (chapter: 3)."""
+def check_error_ratio(answer, x, weight, rtol: float = RATIO_RTOL):
+    """Check plain int8's output error divided by LLM.int8()'s, within ``rtol`` (chapter: 3)."""
     got = answer_number(answer)
     if got is None:
         return False, f"answer a number, got {type(answer).__name__}"
     errors = int8_errors(x, weight)
     expected = errors["int8"] / errors["LLM.int8()"]
-    if _close(got, expected, rtol=0.01):
+    if _close(got, expected, rtol=rtol):
         return True
-    if _close(got, 1 / expected, rtol=0.01):
+    if _close(got, 1 / expected, rtol=rtol):
         return False, "that is LLM.int8()'s error over plain int8's: divide the other way"
     return False, ""
 
@@ -605,24 +657,27 @@ lab.exercise(
 )
 lab.exercise(
     "3.2b",
-    "GB of llama2-7b's weights: Linear weights in NF4 with double quantization, the rest in bf16 "
-    "(within 0.1%)",
+    f"GB of {MODEL}'s weights: Linear weights in NF4 with double quantization, the rest in bf16 "
+    f"(within {GB_RTOL:.1%})",
     check=check_model_gb,
+    rtol=GB_RTOL,
     hint="count the Linear weights of the blocks from cfg (d_model, ffn_dim, n_layer); the rest "
     "is cfg.num_parameters() minus those",
 )
 lab.exercise(
     "3.3a",
-    "the feature (column) indices of x holding a value of magnitude >= 6.0",
+    f"the feature (column) indices of x holding a value of magnitude >= {LLM_INT8_THRESHOLD}",
     check=check_outliers,
     hint="a column is an outlier feature when any of its values has |x| >= threshold",
 )
 lab.exercise(
     "3.3b",
-    "plain int8's relative output error divided by LLM.int8()'s (within 1%)",
+    f"plain int8's relative output error divided by LLM.int8()'s (within {RATIO_RTOL:.0%})",
     check=check_error_ratio,
+    rtol=RATIO_RTOL,
+    dimensionless=True,
     hint="relative error = ||y - y_ref|| / ||y_ref|| with y_ref = x @ W.T; llm_int8_matmul with "
-    "threshold=0.0 is plain int8, with threshold=6.0 it is LLM.int8()",
+    f"threshold=0.0 is plain int8, with threshold={LLM_INT8_THRESHOLD} it is LLM.int8()",
 )
 lab.exercise(
     "3.4",

@@ -1,9 +1,20 @@
-"""The student version of a lab: solutions stripped, mark schemes removed, outputs cleared.
+"""The student version of a lab: solutions stripped, mark schemes and hidden tests removed, outputs cleared.
 
-Each ``### BEGIN SOLUTION`` .. ``### END SOLUTION`` region of a code cell becomes one
-``# YOUR CODE HERE`` line (nbgrader's markers and stub), so the student version still runs to the
-end and every check reports "not attempted". ``python -m memlab.labs.student labs --out
-labs/student`` (``make student``) writes them.
+The lab notebooks carry nbgrader's cell metadata and markers, and this module makes the same
+student version as nbgrader's ``generate_assignment`` (with ``ClearSolutions.code_stub =
+{"python": "# YOUR CODE HERE"}``; ``tests/labs/test_nbgrader.py`` compares the two), without
+needing nbgrader or a course folder:
+
+* each ``### BEGIN SOLUTION`` .. ``### END SOLUTION`` region of a code cell becomes one
+  ``# YOUR CODE HERE`` line at the marker's indentation (``pass  # YOUR CODE HERE`` where a bare
+  comment would leave a block empty), so the student version still runs to the end and every
+  check reports "not attempted";
+* ``### BEGIN HIDDEN TESTS`` .. ``### END HIDDEN TESTS`` regions (the autograder's asserts)
+  are removed;
+* ``=== BEGIN MARK SCHEME ===`` .. ``=== END MARK SCHEME ===`` regions of markdown cells are
+  removed, and a cell left empty (or tagged ``solution``) is dropped.
+
+``python -m memlab.labs.student labs --out labs/student`` (``make student``) writes them.
 """
 
 from __future__ import annotations
@@ -12,7 +23,7 @@ import argparse
 import copy
 import json
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +32,8 @@ from memlab.errors import MemlabError
 
 BEGIN_SOLUTION = "### BEGIN SOLUTION"
 END_SOLUTION = "### END SOLUTION"
+BEGIN_HIDDEN_TESTS = "### BEGIN HIDDEN TESTS"
+END_HIDDEN_TESTS = "### END HIDDEN TESTS"
 BEGIN_MARK_SCHEME = "=== BEGIN MARK SCHEME ==="
 END_MARK_SCHEME = "=== END MARK SCHEME ==="
 CODE_STUB = "# YOUR CODE HERE"
@@ -37,6 +50,7 @@ class StripStats:
     code_regions: int = 0
     markdown_regions: int = 0
     cells_removed: int = 0
+    hidden_test_regions: int = 0
 
 
 def _source_text(cell: Mapping[str, Any]) -> str:
@@ -50,14 +64,17 @@ def _cell_name(index: int, cell: Mapping[str, Any]) -> str:
 
 
 def _strip_regions(
-    text: str, pairs: Mapping[str, str], where: str, stub: Callable[[str], str | None]
-) -> tuple[str, int]:
-    """Replace each marked region (markers included) by ``stub(indent)``; a ``None`` stub drops it."""
+    text: str, pairs: Mapping[str, str], where: str, stubs: Mapping[str, str]
+) -> tuple[str, dict[str, int]]:
+    """Replace each marked region (markers included) by its opening marker's stub in ``stubs``,
+    at the marker's indentation, or drop it when that marker has none. Returns the text and the
+    number of regions per opening marker."""
     ends = {end: begin for begin, end in pairs.items()}
     out: list[str] = []
+    stub_at: list[tuple[int, str]] = []  # (index in out, indentation) of each code stub
     open_marker: str | None = None
     open_line = 0
-    regions = 0
+    regions = dict.fromkeys(pairs, 0)
     for number, line in enumerate(text.splitlines(keepends=True), start=1):
         marker = line.strip()
         if marker in pairs:
@@ -68,17 +85,18 @@ def _strip_regions(
                 )
             open_marker, open_line = marker, number
             indent = line[: len(line) - len(line.lstrip())]
-            replacement = stub(indent)
-            if replacement is not None:
-                out.append(replacement + "\n")
+            stub = stubs.get(marker)
+            if stub is not None:
+                stub_at.append((len(out), indent))
+                out.append(f"{indent}{stub}\n")
             continue
         if marker in ends:
             if open_marker is None or pairs[open_marker] != marker:
                 raise MemlabError(
                     f"{where}: line {number}: {marker!r} without a matching {ends[marker]!r} before it"
                 )
+            regions[open_marker] += 1
             open_marker = None
-            regions += 1
             continue
         if open_marker is None:
             out.append(line)
@@ -86,15 +104,27 @@ def _strip_regions(
         raise MemlabError(
             f"{where}: line {open_line}: {open_marker!r} is never closed by {pairs[open_marker]!r}"
         )
+    for index, indent in stub_at:
+        if indent and _block_left_empty(out, index, indent):
+            out[index] = f"{indent}pass  {out[index].strip()}\n"
     result = "".join(out)
     if not text.endswith("\n") and result.endswith("\n"):
         result = result[:-1]
     return result, regions
 
 
-def _code_stub(indent: str) -> str:
-    # Inside an indented block a bare comment would leave the block empty: add `pass`.
-    return f"{indent}pass  {CODE_STUB}" if indent else CODE_STUB
+def _is_statement(line: str) -> bool:
+    return bool(line.strip()) and not line.lstrip().startswith("#")
+
+
+def _block_left_empty(lines: list[str], index: int, indent: str) -> bool:
+    """True when the stub at ``lines[index]`` opens a block (the statement before it ends with
+    ':') and no statement follows it at its indentation: a bare comment there is a syntax error."""
+    before = next((line for line in reversed(lines[:index]) if _is_statement(line)), "")
+    if not before.rstrip().endswith(":"):
+        return False
+    after = next((line for line in lines[index + 1:] if _is_statement(line)), None)
+    return after is None or len(after) - len(after.lstrip()) < len(indent)
 
 
 def strip_solutions(
@@ -103,8 +133,9 @@ def strip_solutions(
     """Return the student version of a notebook dict: solutions removed, outputs cleared (chapter: labs).
 
     Code cells: each ``### BEGIN SOLUTION`` .. ``### END SOLUTION`` region becomes one
-    ``# YOUR CODE HERE`` line at the marker's indentation (``pass  # YOUR CODE HERE`` when
-    indented, so the block stays valid). Markdown cells: regions between those markers or
+    ``# YOUR CODE HERE`` line at the marker's indentation (``pass  # YOUR CODE HERE`` where the
+    block would otherwise be empty), and ``### BEGIN HIDDEN TESTS`` .. ``### END HIDDEN
+    TESTS`` regions are removed. Markdown cells: regions between the solution markers or
     between ``=== BEGIN MARK SCHEME ===`` .. ``=== END MARK SCHEME ===`` are removed, and
     cells tagged ``solution`` are removed entirely. Unbalanced markers raise a one-line
     :class:`MemlabError` naming ``source_name`` and the cell.
@@ -118,8 +149,10 @@ def strip_solutions(
         where = f"{source_name}: {_cell_name(index, cell)}"
         text = _source_text(cell)
         if kind == "code":
-            new_text, n = _strip_regions(text, {BEGIN_SOLUTION: END_SOLUTION}, where, _code_stub)
-            stats.code_regions += n
+            pairs = {BEGIN_SOLUTION: END_SOLUTION, BEGIN_HIDDEN_TESTS: END_HIDDEN_TESTS}
+            new_text, n = _strip_regions(text, pairs, where, {BEGIN_SOLUTION: CODE_STUB})
+            stats.code_regions += n[BEGIN_SOLUTION]
+            stats.hidden_test_regions += n[BEGIN_HIDDEN_TESTS]
             cell["source"] = new_text
             cell["outputs"] = []
             cell["execution_count"] = None
@@ -132,7 +165,8 @@ def strip_solutions(
                 stats.cells_removed += 1
                 continue
             pairs = {BEGIN_SOLUTION: END_SOLUTION, BEGIN_MARK_SCHEME: END_MARK_SCHEME}
-            new_text, n = _strip_regions(text, pairs, where, lambda indent: None)
+            new_text, regions = _strip_regions(text, pairs, where, {})
+            n = sum(regions.values())
             stats.markdown_regions += n
             if n and not new_text.strip():
                 stats.cells_removed += 1
@@ -212,18 +246,16 @@ def main(argv: list[str] | None = None) -> int:
         for src in notebooks:
             dest, stats = write_student_notebook(src, out_dir)
             removed = f", {stats.cells_removed} cell(s) removed" if stats.cells_removed else ""
+            hidden = (f", {stats.hidden_test_regions} hidden test(s) removed"
+                      if stats.hidden_test_regions else "")
             print(
                 f"wrote {dest} ({stats.code_regions} code solution(s), "
-                f"{stats.markdown_regions} markdown region(s) stripped{removed})"
+                f"{stats.markdown_regions} markdown region(s) stripped{hidden}{removed})"
             )
     except MemlabError as exc:
         print(f"make_student: error: {exc}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 if __name__ == "__main__":  # pragma: no cover
