@@ -23,10 +23,12 @@ from memlab.plot.precision import (  # noqa: F401
     gradient_histogram,
     loss_curves,
     memory_by_mode,
+    memory_phase_parts,
     relative_error_curves,
     representable_values,
 )
 from memlab.plot.quant import (  # noqa: F401
+    gptq_propagation,
     layer_errors,
     optimizer_curves,
     outlier_sweep,

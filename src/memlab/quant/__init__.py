@@ -131,7 +131,7 @@ from memlab.quant.speed import (  # noqa: F401
     quant_speed,
 )
 from memlab.quant.weight_only import (  # noqa: F401
-    COMPUTE_DTYPES,
+    COMPUTE_FORMATS,
     MATMUL_SCHEMES,
     DispatchedOp,
     MatmulPath,

@@ -22,11 +22,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from memlab.dtypes import dtype as to_dtype
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.quant.compare import bnb_linear
 
 MATMUL_SCHEMES = ("nf4", "fp4", "nf4-dq", "int8", "llm-int8")  # bitsandbytes' own layers
-COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+COMPUTE_FORMATS = ("bf16", "fp16", "fp32")  # what a 4-bit layer may dequantize to
 
 
 @dataclass(frozen=True)
@@ -101,13 +102,13 @@ def matmul_path(linear: nn.Linear, scheme: str = "nf4", *, compute_dtype: str = 
     compute dtype.
     """
     check_choice("scheme", scheme, MATMUL_SCHEMES)
-    check_choice("compute_dtype", compute_dtype, COMPUTE_DTYPES)
+    check_choice("compute_dtype", compute_dtype, COMPUTE_FORMATS)
     check_positive_int("tokens", tokens)
     if not isinstance(linear, nn.Linear):
         raise MemlabError(f"linear must be an nn.Linear, got {type(linear).__name__}")
     from memlab.quant.compare import layer_bytes
 
-    dtype = COMPUTE_DTYPES[compute_dtype]
+    dtype = to_dtype(compute_dtype, COMPUTE_FORMATS)
     lin = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
     lin.load_state_dict({k: v.detach().float().cpu() for k, v in linear.state_dict().items()})
     m = bnb_linear(lin, scheme, torch.device("cpu"), compute_dtype=dtype)
