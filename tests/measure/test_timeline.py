@@ -1,4 +1,4 @@
-"""memlab.measure.timeline: the CUDA allocator's rules, a composed out-of-memory error, and a
+"""memlab.measure.allocator and memlab.measure.timeline: the CUDA allocator's rules, a composed out-of-memory error, and a
 step's memory over time."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.gpus import RESERVED_BYTES, get_gpu
-from memlab.measure.step import CATEGORIES, PHASES, measure_step
-from memlab.measure.timeline import (
+from memlab.measure.allocator import (
     OutOfMemory,
     cuda_allocated_size,
     cuda_block_size,
@@ -22,8 +21,11 @@ from memlab.measure.timeline import (
     format_size,
     fragmentation,
     measure_cuda_blocks,
-    measure_timeline,
     model_state_requests,
+)
+from memlab.measure.step import CATEGORIES, PHASES, measure_step
+from memlab.measure.timeline import (
+    measure_timeline,
     profiler_export_categories,
 )
 from memlab.model.transformer import build_model, get_config

@@ -7,22 +7,9 @@ The pieces live in this folder's modules; their public names are re-exported her
 experiments and verdicts; this package does not import them.
 """
 
-from memlab.measure.step import (  # noqa: F401
-    CATEGORIES,
-    METHODS,
-    PHASES,
-    PeakMemory,
-    StepMemory,
-    StepSpec,
-    default_dtype,
-    measure_peak,
-    measure_step,
-    trace_step,
-)
-from memlab.measure.timeline import (  # noqa: F401
+from memlab.measure.allocator import (  # noqa: F401
     ALLOCATOR_SOURCE,
     Fragmentation,
-    MemoryTimeline,
     OutOfMemory,
     cuda_allocated_size,
     cuda_block_size,
@@ -32,8 +19,25 @@ from memlab.measure.timeline import (  # noqa: F401
     format_size,
     fragmentation,
     measure_cuda_blocks,
-    measure_timeline,
     model_state_requests,
+)
+from memlab.measure.step import (  # noqa: F401
+    CATEGORIES,
+    METHODS,
+    PHASES,
+    PeakMemory,
+    StepMemory,
+    StepSpec,
+    autocast_dtype,
+    default_dtype,
+    measure_peak,
+    measure_step,
+    param_dtype,
+    trace_step,
+)
+from memlab.measure.timeline import (  # noqa: F401
+    MemoryTimeline,
+    measure_timeline,
     profiler_export_categories,
 )
 from memlab.measure.timing import (  # noqa: F401

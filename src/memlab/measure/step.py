@@ -53,6 +53,18 @@ _PARAM_DTYPE = {
 _AUTOCAST_DTYPE = {"fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
 
+def param_dtype(precision: str) -> torch.dtype:
+    """The dtype a step of this precision keeps its parameters in (chapter: 0)."""
+    check_choice("precision", precision, tuple(_PARAM_DTYPE))
+    return _PARAM_DTYPE[precision]
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The dtype autocast runs a step's forward in, or None without autocast (chapter: 0)."""
+    check_choice("precision", precision, tuple(_PARAM_DTYPE))
+    return _AUTOCAST_DTYPE.get(precision)
+
+
 # Peak of a callable ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PeakMemory:
