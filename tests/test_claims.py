@@ -76,3 +76,13 @@ def test_register_needs_an_evidence_function():
 
     with pytest.raises(MemlabError, match="evidence of claim C98"):
         register("C98", "chapters/00_toolkit", "s", evidence=None)
+
+
+def test_with_sensitivity_states_the_threshold_used():
+    from memlab.claims import with_sensitivity
+
+    def decide(ev):
+        return judge("", ev["x"] <= ev["tol"], "e")
+
+    v = with_sensitivity(decide, {"x": 0.2, "tol": 0.1}, "tol", (0.1, 0.5), lambda t: f"{t:.0%}")
+    assert (v.verdict, v.sensitivity) == (WRONG, "10% here; would be holds with 50%")

@@ -106,6 +106,14 @@ def sensitivity(decide, ev: dict, key: str, values, describe) -> str:
     return "; ".join(parts)
 
 
+def with_sensitivity(decide, ev: dict, key: str, values, describe) -> Verdict:
+    """``decide(ev)`` with its sensitivity to ``ev[key]`` stated: "<threshold> here; would be ..." (chapter: all)."""
+    v = decide(ev)
+    text = sensitivity(decide, ev, key, [x for x in values if x != ev[key]], describe)
+    return Verdict(v.claim, v.statement, v.verdict, v.evidence, v.note,
+                   f"{describe(ev[key])} here; {text}")
+
+
 def table(verdicts: list[Verdict]):
     """The verdicts as a pandas DataFrame, or a list of dicts without pandas (chapter: all)."""
     rows = [v.as_dict() for v in verdicts]

@@ -89,16 +89,11 @@ def _decide_rules(statement: str, ev: dict, correction: str) -> claims.Verdict:
         caveat_applies=above,
         caveat=(f"a rule that names no batch is right at one batch only: {where}; it counts "
                 "activations for that many tokens on top of the floor"),
-        correction=correction,
-        sensitivity=ev.get("sensitivity", ""))
+        correction=correction)
 
 
 def _with_sensitivity(decide, ev: dict) -> claims.Verdict:
-    v = decide(ev)
-    text = claims.sensitivity(decide, {**ev, "sensitivity": ""}, "tolerance",
-                              [t for t in TOLERANCES if t != ev["tolerance"]], _pct)
-    return claims.Verdict(v.claim, v.statement, v.verdict, v.evidence, v.note,
-                          f"{_pct(ev['tolerance'])} here; {text}")
+    return claims.with_sensitivity(decide, ev, "tolerance", TOLERANCES, _pct)
 
 
 # C01 -------------------------------------------------------------------------------------------

@@ -201,6 +201,7 @@ class TrainRun:
     eval_loss: float | None  # held-out loss at the end, nats
     eval_accuracy: float | None  # held-out next-token accuracy at the end
     seconds: float  # wall time of the run on this device (not a speed comparison on CPU)
+    eval_seq_loss: list[float] | None = None  # held-out loss of each sequence, nats (for paired SEs)
 
     @property
     def act_underflow(self) -> float:
@@ -332,6 +333,8 @@ def _train(mode: str, cfg: ModelConfig, steps: int, batch_size: int, seq_len: in
         logits = model_(ex)
     eval_loss = float(lm_loss(logits, ey))
     eval_acc = float((logits.argmax(-1) == ey).double().mean())
+    seq_loss = torch.nn.functional.cross_entropy(
+        logits.float().flatten(0, 1), ey.flatten(), reduction="none").view(ey.shape).mean(1)
     tail = rec["loss"][-max(1, steps // 10):]
     final = statistics.fmean(tail) if all(math.isfinite(x) for x in tail) else math.nan
 
@@ -352,6 +355,7 @@ def _train(mode: str, cfg: ModelConfig, steps: int, batch_size: int, seq_len: in
         final_loss=_finite_or_none(final), eval_loss=_finite_or_none(eval_loss),
         eval_accuracy=eval_acc if math.isfinite(eval_loss) else None,
         seconds=seconds,
+        eval_seq_loss=seq_loss.tolist() if math.isfinite(eval_loss) else None,
     )
 
 

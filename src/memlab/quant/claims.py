@@ -133,10 +133,7 @@ def _c17(ev: dict) -> claims.Verdict:
                  "scheme and bit width?)", evidence=c17_evidence)
 def c17(ev: dict) -> claims.Verdict:
     """Holds if every scheme raises the loss beyond z SE; caveat if some do; wrong if none does."""
-    v = _c17(ev)
-    text = claims.sensitivity(_c17, ev, "z", (1.0, 3.0, 4.0), lambda z: f"{z:g} SE")
-    return claims.Verdict(v.claim, v.statement, v.verdict, v.evidence, v.note,
-                          f"{ev['z']:g} SE here; {text}")
+    return claims.with_sensitivity(_c17, ev, "z", (1.0, 2.0, 3.0, 4.0), lambda z: f"{z:g} SE")
 
 
 # C18 -------------------------------------------------------------------------------------------
@@ -192,13 +189,8 @@ def _c18(ev: dict) -> claims.Verdict:
                  "int8, and so preserves quality where plain int8 fails.", evidence=c18_evidence)
 def c18(ev: dict) -> claims.Verdict:
     """Holds if the layer error falls over 2x and the loss by the margin; caveat if only the error does."""
-    v = _c18(ev)
-    ratio = ev["layer_error"]["int8"] / ev["layer_error"]["llm-int8"]
-    text = claims.sensitivity(_c18, ev, "ratio_needed", (1.5, 5.0, 10.0),
-                              lambda r: f"a required ratio of {r:g}x")
-    return claims.Verdict(v.claim, v.statement, v.verdict, v.evidence, v.note,
-                          f"a required ratio of {ev['ratio_needed']:g}x here ({ratio:.1f}x "
-                          f"seen); {text}")
+    return claims.with_sensitivity(_c18, ev, "ratio_needed", (1.5, 2.0, 5.0, 10.0),
+                                   lambda r: f"a required ratio of {r:g}x")
 
 
 # C43 -------------------------------------------------------------------------------------------
