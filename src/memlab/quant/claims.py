@@ -13,6 +13,7 @@ import math
 from memlab import claims
 from memlab.quant.compare import GROUP_SIZE, compare_schemes
 from memlab.quant.outliers import NORMED_INPUTS, outlier_study
+from memlab.quant.published import GPTQ, LLM_INT8
 from memlab.quant.qat import MOVED, gain, qat_vs_ptq_ci
 from memlab.quant.sizes import memory_20b, neox_20b_groups
 
@@ -20,6 +21,16 @@ _CH3 = "chapters/03_quantization"
 CLAIMED_GB = {"fp32": 80, "fp16": 40, "int8 (per-row absmax)": 20, "nf4": 10}
 CLAIMED_BITS = {"fp32": 32, "fp16": 16, "int8 (per-row absmax)": 8, "nf4": 4}
 TWO_SE_MISS = math.erfc(2 / math.sqrt(2))  # chance that noise alone crosses 2 SE, two-sided
+
+
+def published_beside(source: str, model: str) -> str:
+    """Quoted large-model figures of one paper's model as nats above its 16-bit row: "RTN 4-bit +0.234, ..." (chapter: 3)."""
+    from memlab.quant.published import PUBLISHED
+
+    rows = [r for r in PUBLISHED if r.source == source and r.model == model]
+    ref = {r.setting: r.value for r in rows}
+    return ", ".join(f"{r.setting} {math.log(r.value / ref[r.reference]):+.3f}" for r in rows
+                     if r.reference and r.setting != r.reference)
 
 
 # C15 -------------------------------------------------------------------------------------------
@@ -100,7 +111,8 @@ def c17_evidence() -> dict:
     return dict(delta={r.scheme: r.loss_delta for r in rows},
                 se={r.scheme: r.loss_delta_se for r in rows},
                 sequences=comp.config.eval_sequences, params=int(comp.fp32_bytes / 4),
-                ref_excess=comp.row("fp32").excess, z=2.0)
+                ref_excess=comp.row("fp32").excess, z=2.0,
+                published=published_beside(GPTQ, "OPT-175B"))
 
 
 def _c17(ev: dict) -> claims.Verdict:
@@ -121,7 +133,8 @@ def _c17(ev: dict) -> claims.Verdict:
         f"standard errors): " + ", ".join(f"{k} {pm(k)}" for k in d)
         + f"; fp32 is {ev['ref_excess']:.4f} above the optimum. {m} comparisons at {z:g} SE: "
         f"noise alone would push about {m * TWO_SE_MISS:.1f} of them across by chance. "
-        f"Nearest the edge: {edge} ({pm(edge)})",
+        f"Nearest the edge: {edge} ({pm(edge)}). Quoted for large models, nats above fp16 from "
+        f"{GPTQ}'s WikiText2 perplexities: OPT-175B {ev['published']}",
         caveat_applies=bool(within or lowered),
         caveat=(f"it depends on bits and method: raised beyond the noise by {', '.join(raised)}; "
                 f"within {z:g} SE of fp32: {', '.join(within) or 'none'}"
@@ -154,7 +167,8 @@ def c18_evidence() -> dict:
         layer_error={"int8": i8.mean_layer_error, "llm-int8": llm.mean_layer_error},
         excess={"int8": i8.excess, "llm-int8": llm.excess},
         sweep=(st.sweep_alpha[k], st.sweep_int8[k], st.sweep_llm_int8[k]),
-        ratio_needed=2.0, quality_margin=0.01)
+        ratio_needed=2.0, quality_margin=0.01,
+        published=published_beside(LLM_INT8, "13B"))
 
 
 def _c18(ev: dict) -> claims.Verdict:
@@ -172,7 +186,8 @@ def _c18(ev: dict) -> claims.Verdict:
         f"{ex['llm-int8']:.4f} nats; at x{ev['sweep'][0]:g} one layer's error is "
         f"{ev['sweep'][1]:.3f} vs {ev['sweep'][2]:.3f}; 'preserves' taken as a layer error "
         f"over {ev['ratio_needed']:g}x smaller and a held-out loss lower by more than "
-        f"{ev['quality_margin']} nats",
+        f"{ev['quality_margin']} nats. Quoted for a 13B model, nats above 32-bit from "
+        f"{LLM_INT8}'s C4 perplexities: {ev['published']}",
         caveat_applies=quality_gap <= ev["quality_margin"],
         caveat=("outliers must be present, and the gain shows in the layer error (the "
                 "mechanism) more than in quality at this size: the inputs that come from a norm "
