@@ -535,16 +535,6 @@ def _iteration(setup, device, model, optimizer, idx, targets, tracker, phase_sna
     phase_done("optimizer")
 
 
-def _fake_mode():
-    """FakeTensorMode without its dispatch cache: hashing each op's arguments costs more than
-    it saves on a step that runs each op once (measured: traces a fifth to a quarter faster)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    mode = FakeTensorMode()
-    mode.cache_enabled = False
-    return mode
-
-
 def _prime_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """One optimizer step on zero gradients: the states exist afterwards, as after a first step."""
     for p in model.parameters():
@@ -568,10 +558,11 @@ def _run_step(setup: StepSpec, *, device: torch.device, traced: bool, seed: int)
         raise MemlabError(f"{'trace' if traced else 'measure_step'} supports optimizers "
                           + ", ".join(o for o in OPTIMIZERS if o != "adamw-8bit")
                           + "; 'adamw-8bit' runs in bitsandbytes kernels (see chapter 3)")
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     cfg = setup.config
     cuda = device.type == "cuda" and not traced
-    with _fake_mode() if traced else contextlib.nullcontext():
+    with FakeTensorMode() if traced else contextlib.nullcontext():
         if cuda:
             gc.collect()
             torch.cuda.synchronize(device)
