@@ -182,21 +182,14 @@ def fits(estimate_peak_bytes: int, gpu: str | GPU, headroom_bytes: int = 0) -> b
 
 def fit_table(rows: dict[str, int], gpus=CATALOGUE, headroom_bytes: int = 0):
     """A pandas DataFrame: each row's required GiB and ✓/✗ for each GPU's usable bytes (chapter: 1)."""
-    pd = require("pandas", "fit_table", extra="notebook")
+    _check_bytes("headroom_bytes", headroom_bytes)
     if not isinstance(rows, dict) or not rows:
         raise MemlabError(f"rows must be a non-empty dict of label -> peak bytes, got {rows!r}")
-    gpu_list = [get_gpu(g) for g in gpus]
-    if not gpu_list:
-        raise MemlabError(f"gpus must name at least one GPU; accepted: {', '.join(GPU_NAMES)}")
-    _check_bytes("headroom_bytes", headroom_bytes)
-    table = {}
-    for label, peak in rows.items():
-        _check_bytes(f"peak bytes of row {label!r}", peak)
-        row = {"required (GiB)": to_unit(peak + headroom_bytes, "GiB")}
-        for gpu in gpu_list:
-            row[gpu.column] = "✓" if fits(peak, gpu, headroom_bytes) else "✗"
-        table[label] = row
-    return pd.DataFrame.from_dict(table, orient="index")
+    required = {label: _check_bytes(f"peak bytes of row {label!r}", peak) + headroom_bytes
+                for label, peak in rows.items()}
+    table = usage_table(required, gpus).map(lambda r: "✓" if r <= 1 else "✗")
+    table.insert(0, "required (GiB)", [to_unit(b, "GiB") for b in required.values()])
+    return table
 
 
 def catalogue_table(gpus=CATALOGUE):
@@ -287,6 +280,8 @@ def usage_table(rows: dict[str, int], gpus=CATALOGUE):
     if not isinstance(rows, dict) or not rows:
         raise MemlabError(f"rows must be a non-empty dict of label -> peak bytes, got {rows!r}")
     gpu_list = [get_gpu(g) for g in gpus]
+    if not gpu_list:
+        raise MemlabError(f"gpus must name at least one GPU; accepted: {', '.join(GPU_NAMES)}")
     for label, peak in rows.items():
         _check_bytes(f"peak bytes of row {label!r}", peak)
     return pd.DataFrame({gpu.column: {label: peak / gpu.usable_bytes for label, peak in rows.items()}

@@ -20,6 +20,7 @@ import pytest
 
 from memlab.errors import MemlabError
 from memlab.interactive import bitviewer as bv
+from memlab.interactive.page import static_script
 from memlab.precision.formats import bits, round_to, spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -174,7 +175,7 @@ def test_viewer_html_is_self_contained_with_unique_ids():
     a, b = bv.bit_viewer().html(), bv.bit_viewer().html()
     for page in (a, b):
         assert "<style>" in page and "<script>" in page
-        assert bv._script_text() in page
+        assert static_script("bitviewer.js") in page
         p = _roles(page)
         assert p.urls == []  # no src/href at all: nothing to fetch
         assert not re.search(r"https?://|url\(|@import|//cdn", page, re.I)

@@ -19,6 +19,7 @@ from memlab.errors import MemlabError  # noqa: E402
 from memlab.gpus import CATALOGUE, RESERVED_BYTES, fits, get_gpu  # noqa: E402
 from memlab.interactive import estimator as est  # noqa: E402
 from memlab.interactive.estimator import estimate_summary, render_outputs  # noqa: E402
+from memlab.interactive.page import static_script  # noqa: E402
 from memlab.measure.step import PHASES  # noqa: E402
 from memlab.memory.training import (  # noqa: E402
     BNB_BLOCK,
@@ -209,7 +210,7 @@ def test_estimator_script_ships_as_package_data_and_holds_no_constant():
 def test_memory_estimator_html_is_self_contained_with_unique_ids():
     a, b = est.memory_estimator().html(), est.memory_estimator("gpt2", seq_len=512).html()
     for page in (a, b):
-        assert "<style>" in page and est._estimator_script() in page
+        assert "<style>" in page and static_script("estimator.js") in page
         t = _tags(page)
         assert t.urls == [] and not re.search(r"https?://|url\(|@import", page)
         assert len(t.ids) == len(set(t.ids))

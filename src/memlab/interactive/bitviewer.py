@@ -12,15 +12,14 @@ checking the script against Python bit for bit.
 from __future__ import annotations
 
 import html
-import json
 import math
 import uuid
 from functools import cache
-from importlib import resources
 
 import numpy as np
 
 from memlab.errors import MemlabError, check_choice, require
+from memlab.interactive.page import mount_scripts
 from memlab.precision.formats import (
     bits,
     decode,
@@ -162,15 +161,6 @@ def _describe(fmt: str) -> str:
 
 # ---- the HTML viewer ------------------------------------------------------------------------
 
-@cache
-def _script_text() -> str:
-    """The viewer's script, shipped as package data (memlab/interactive/static/bitviewer.js)."""
-    text = (resources.files("memlab.interactive") / "static" / "bitviewer.js").read_text(encoding="utf-8")
-    if "</script" in text.lower() or "<!--" in text:
-        raise MemlabError("static/bitviewer.js must not contain '</script' or '<!--'")
-    return text
-
-
 def _overflow_rule(stored: float) -> str:
     """What torch's cast made of a value beyond the range: 'nan', 'inf' or 'saturate'."""
     if math.isnan(stored):
@@ -195,12 +185,6 @@ def _format_config(fmt: str) -> dict:
         cfg["overflow"] = _overflow_rule(round_to(s.max * 4, fmt))  # a finite value too large
         cfg["infinity"] = _overflow_rule(round_to(math.inf, fmt))  # an infinite one
     return cfg
-
-
-def _json_for_html(data) -> str:
-    """JSON that is safe inside a <script> element."""
-    text = json.dumps(data, allow_nan=False, separators=(",", ":"))
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 _STYLE = """
@@ -320,14 +304,9 @@ def _viewer_html(value_text: str, formats: tuple[str, ...], side_by_side: bool) 
         f'<div class="bv-legend">{legend}<span>click a bit to flip it; the error stays '
         f"measured against the typed value</span></div>"
         f"{rows}"
-        f'<script type="application/json" data-role="config">{_json_for_html(config)}</script>'
-        f"<script>{_script_text()}\n"
-        f"(function(){{var s=document.currentScript,"
-        f"r=s&&s.parentElement&&s.parentElement.id==={json.dumps(vid)}?s.parentElement:null;"
-        f"if(r){{memlabBitViewer.mount(r,JSON.parse("
-        f"r.querySelector('script[data-role=\"config\"]').textContent));}}"
-        f"else{{memlabBitViewer.mountById({json.dumps(vid)});}}}})();</script>"
-        f"</div>"
+        + mount_scripts(vid, config, script="bitviewer.js", module="memlabBitViewer",
+                        role="config")
+        + "</div>"
     )
 
 

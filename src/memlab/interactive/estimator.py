@@ -18,11 +18,8 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import random
 import uuid
-from functools import cache
-from importlib import resources
 
 import matplotlib.pyplot as plt
 import torch
@@ -30,6 +27,7 @@ import torch
 from memlab import plot
 from memlab.errors import MemlabError, check_choice, check_positive_int, require
 from memlab.gpus import CATALOGUE, RESERVED_BYTES, fits, get_gpu
+from memlab.interactive.page import mount_scripts
 from memlab.measure.step import PHASES, StepSpec
 from memlab.memory.training import (
     BNB_BLOCK,
@@ -386,22 +384,6 @@ def estimator_data(model: str | ModelConfig = "llama2-7b", gpus=CATALOGUE) -> di
     }
 
 
-@cache
-def _estimator_script() -> str:
-    """The estimator's script, shipped as package data (memlab/interactive/static/estimator.js)."""
-    text = (resources.files("memlab.interactive") / "static" / "estimator.js").read_text(
-        encoding="utf-8")
-    if "</script" in text.lower() or "<!--" in text:
-        raise MemlabError("static/estimator.js must not contain '</script' or '<!--'")
-    return text
-
-
-def _html_json(data) -> str:
-    """JSON that is safe inside a <script> element."""
-    text = json.dumps(data, allow_nan=False, separators=(",", ":"))
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
 _ESTIMATOR_STYLE = """
 .memlab-est{--est-line:rgba(127,127,127,.55);--est-focus:#0072B2;color:inherit;
   border:1px solid var(--est-line);border-radius:6px;padding:.6em .8em;margin:.6em 0;
@@ -563,14 +545,8 @@ def _estimator_html(setting: dict, model: str | ModelConfig, gpus) -> str:
         f'<div data-role="config-status" role="status"></div></details>'
         f"{_results_html(r, data)}"
         f'<div class="est-foot">{e(foot)}</div>'
-        f'<script type="application/json" data-role="data">{_html_json(data)}</script>'
-        f"<script>{_estimator_script()}\n"
-        f"(function(){{var s=document.currentScript,"
-        f"r=s&&s.parentElement&&s.parentElement.id==={json.dumps(vid)}?s.parentElement:null;"
-        f"if(r){{memlabEstimator.mount(r,JSON.parse("
-        f"r.querySelector('script[data-role=\"data\"]').textContent));}}"
-        f"else{{memlabEstimator.mountById({json.dumps(vid)});}}}})();</script>"
-        f"</div>"
+        + mount_scripts(vid, data, script="estimator.js", module="memlabEstimator")
+        + "</div>"
     )
 
 

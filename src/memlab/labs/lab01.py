@@ -187,18 +187,27 @@ def check_bytes_per_parameter(answer, steps: dict, rtol: float = 0.01):
     problem = answer_keys_problem(answer, steps, "SETUPS")
     if problem:
         return False, problem
-    wrong = []
-    for name, step in steps.items():
-        measured = bytes_per_parameter(step)
-        got = answer_number(answer[name])
-        if got is None:
-            wrong.append(f"{name!r}: answer a number of bytes")
-        elif not close_to(got, measured, rtol):
-            hint = named_slip(got, bpp_slips(name, measured), rtol)
-            wrong.append(f"{name!r}: {hint or 'add the bytes of a weight, its gradient and the optimizer state, in the dtypes this setup keeps them in'}")
+    wrong = _wrong_per_key(
+        answer, {name: bytes_per_parameter(step) for name, step in steps.items()}, bpp_slips,
+        rtol, ask="a number of bytes",
+        fallback="add the bytes of a weight, its gradient and the optimizer state, in the "
+                 "dtypes this setup keeps them in")
     if not wrong:
         return True
     return False, f"{len(wrong)} of {len(steps)} not right: " + "; ".join(wrong)
+
+
+def _wrong_per_key(answer, expected: dict, slips, rtol: float, *, ask: str,
+                   fallback: str) -> list[str]:
+    """One line per key whose answer is not within ``rtol`` of ``expected[key]``: the named slip, or ``fallback``."""
+    wrong = []
+    for key, value in expected.items():
+        got = answer_number(answer[key])
+        if got is None:
+            wrong.append(f"{key!r}: answer {ask}")
+        elif not close_to(got, value, rtol):
+            wrong.append(f"{key!r}: {named_slip(got, slips(key, value), rtol) or fallback}")
+    return wrong
 
 
 def block_slips(cfg: ModelConfig, batch_size: int, seq_len: int, traced: int,
@@ -264,15 +273,10 @@ def check_ratios(answer, at_t, at_2t, rtol: float = RATIO_RTOL):
     problem = answer_keys_problem(answer, at_t, "{'sdpa': ..., 'eager': ...}")
     if problem:
         return False, problem
-    wrong = []
-    for attention in at_t:
-        expected = one_block_bytes(at_2t[attention]) / one_block_bytes(at_t[attention])
-        got = answer_number(answer[attention])
-        if got is None:
-            wrong.append(f"{attention!r}: answer a number, a ratio")
-        elif not close_to(got, expected, rtol):
-            hint = named_slip(got, ratio_slips(attention, expected), rtol)
-            wrong.append(f"{attention!r}: {hint or 'which tensors grow like T, which like T squared?'}")
+    wrong = _wrong_per_key(
+        answer, {a: one_block_bytes(at_2t[a]) / one_block_bytes(at_t[a]) for a in at_t},
+        ratio_slips, rtol, ask="a number, a ratio",
+        fallback="which tensors grow like T, which like T squared?")
     if not wrong:
         return True
     return False, "; ".join(wrong)

@@ -138,8 +138,8 @@ def _peak_cuda(dev, fn, args, kwargs):
 
 
 @contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """Silence file descriptor 2 (Kineto prints start/stop lines there from C++)."""
+def quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 while Kineto prints its start and stop lines from C++ (chapter: 0)."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -176,7 +176,7 @@ def _peak_cpu_profiler(dev, fn, args, kwargs):
         )
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
     try:
-        with _quiet_stderr():
+        with quiet_stderr():
             prof.start()
     except RuntimeError as exc:
         raise MemlabError(
@@ -186,7 +186,7 @@ def _peak_cpu_profiler(dev, fn, args, kwargs):
     try:
         result = fn(*args, **kwargs)
     finally:
-        with _quiet_stderr():
+        with quiet_stderr():
             prof.stop()
     results = getattr(prof.profiler, "kineto_results", None)
     if results is None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -31,6 +30,7 @@ from memlab.measure.step import (
     autocast_dtype,
     default_dtype,
     param_dtype,
+    quiet_stderr,
 )
 from memlab.model.train import make_optimizer
 from memlab.model.transformer import build_model, lm_loss
@@ -144,25 +144,6 @@ class MemoryTimeline:
         return asdict(self)
 
 
-@contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """Silence file descriptor 2 while Kineto prints its start and stop lines from C++."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 class _Step:
     """One training step, built the way measure_step builds it, with its phases marked."""
 
@@ -213,12 +194,12 @@ def _profiler_timeline(step: _Step, path: str | None):
         activities.append(ProfilerActivity.CUDA)
     prof = profile(activities=activities, profile_memory=True, record_shapes=True,
                    with_stack=True)
-    with _quiet_stderr():
+    with quiet_stderr():
         prof.start()
     try:
         step.run()
     finally:
-        with _quiet_stderr():
+        with quiet_stderr():
             prof.stop()
     device_str = str(step.device) if step.device.index is not None or step.device.type == "cpu" \
         else f"{step.device.type}:0"
