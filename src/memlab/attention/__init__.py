@@ -1,0 +1,11 @@
+"""Part 4, attention (chapter 4): naive attention and FlashAttention built from scratch.
+
+The pieces live in this folder's modules; their public names are re-exported here.
+"""
+
+from memlab.attention.flash import (  # noqa: F401
+    DEFAULT_BLOCK,
+    FlashAttention,
+    flash_attention,
+    naive_attention,
+)

@@ -1,0 +1,159 @@
+"""Attention two ways: naive (the full score matrix) and FlashAttention (tiles, online softmax).
+
+Shapes follow the book's model: queries ``q`` are (B, nh, T, hs); keys and values ``k``, ``v``
+are (B, nkv, S, hs), with ``nh`` a multiple of ``nkv`` (grouped-query attention: each key/value
+head serves ``nh / nkv`` query heads) and ``S >= T`` (the T queries are the last T of the S
+positions, as when decoding with a KV cache). Names in :class:`FlashAttention` are the papers'
+(Dao et al. 2022, arXiv:2205.14135; Dao 2023, arXiv:2307.08691): the query block ``Q_i``, the key
+and value blocks ``K_j``, ``V_j``, the score tile ``S_ij``, the running row max ``m_i``, the
+running normaliser ``l_i`` and the output block ``O_i``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from memlab.errors import MemlabError, check_positive_int
+
+DEFAULT_BLOCK = 64  # rows of Q and of K/V per tile
+
+
+def _check(q, k, v, causal: bool) -> tuple[int, int]:
+    """(group size nh / nkv, S - T), or a one-line error naming what does not fit."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise MemlabError(f"{name} must be a 4-d tensor (B, heads, length, head size), got "
+                              f"{getattr(t, 'shape', type(t).__name__)}")
+    B, nh, T, hs = q.shape
+    if k.shape != v.shape:
+        raise MemlabError(f"k and v must have the same shape, got {tuple(k.shape)} and "
+                          f"{tuple(v.shape)}")
+    Bk, nkv, S, hsk = k.shape
+    if hsk != hs:
+        raise MemlabError(f"head sizes differ: q has {hs}, k and v have {hsk}")
+    if Bk != B:
+        raise MemlabError(f"batch sizes differ: q has {B}, k and v have {Bk}")
+    if nh % nkv:
+        raise MemlabError(f"n_head ({nh}) must be a multiple of n_kv_head ({nkv})")
+    if causal and S < T:
+        raise MemlabError(f"causal attention needs at least as many keys as queries (the "
+                          f"queries are the last T of S positions), got T={T}, S={S}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.bfloat16,
+                                                              torch.float16):
+        raise MemlabError(f"q, k, v must share one dtype of float32, bfloat16, float16; got "
+                          f"{q.dtype}, {k.dtype}, {v.dtype}")
+    return nh // nkv, S - T
+
+
+def _causal_mask(t0: int, t1: int, s0: int, s1: int, offset: int, device) -> torch.Tensor:
+    """True where query t (of t0..t1) may not see key s (of s0..s1): s > offset + t."""
+    t = torch.arange(t0, t1, device=device)[:, None]
+    s = torch.arange(s0, s1, device=device)[None, :]
+    return s > offset + t  # (t1 - t0, s1 - s0)
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                    causal: bool = True) -> torch.Tensor:
+    """Softmax(q k^T / sqrt(hs)) v with the (B, nh, T, S) scores materialised, in q's dtype (chapter: 4)."""
+    g, offset = _check(q, k, v, causal)
+    B, nh, T, hs = q.shape
+    S = k.size(2)
+    if g > 1:  # each key/value head serves g query heads
+        k = k.repeat_interleave(g, dim=1)  # (B, nh, S, hs)
+        v = v.repeat_interleave(g, dim=1)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
+    if causal:
+        att = att.masked_fill(_causal_mask(0, T, 0, S, offset, q.device), float("-inf"))
+    att = att.float().softmax(dim=-1).to(q.dtype)  # the probabilities: kept for backward
+    return att @ v  # (B, nh, T, hs)
+
+
+class FlashAttention(torch.autograd.Function):
+    """Tiled exact attention: the forward keeps Q, K, V, O and the log-sum-exp per row only.
+
+    Queries are viewed as (B, nkv, g, T, hs), so a key/value block broadcasts over the g query
+    heads that share it instead of being copied. Every tile is computed in fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, block_q: int, block_k: int):
+        g, offset = _check(q, k, v, causal)
+        B, nh, T, hs = q.shape
+        nkv, S = k.size(1), k.size(2)
+        scale = 1.0 / math.sqrt(hs)
+        Q = q.view(B, nkv, g, T, hs)
+        O = torch.empty(B, nkv, g, T, hs, dtype=q.dtype, device=q.device)  # noqa: E741 (the papers' O)
+        L = torch.empty(B, nkv, g, T, dtype=torch.float32, device=q.device)  # log-sum-exp
+        for r0 in range(0, T, block_q):
+            r1 = min(r0 + block_q, T)
+            Q_i = Q[..., r0:r1, :].float()  # (B, nkv, g, bq, hs)
+            m_i = torch.full(Q_i.shape[:-1], float("-inf"), device=q.device)  # (B, nkv, g, bq)
+            l_i = torch.zeros(Q_i.shape[:-1], device=q.device)
+            O_i = torch.zeros(Q_i.shape, device=q.device)
+            last_key = S if not causal else min(S, offset + r1)  # keys beyond are masked for all
+            for c0 in range(0, last_key, block_k):
+                c1 = min(c0 + block_k, S)
+                K_j = k[:, :, None, c0:c1].float()  # (B, nkv, 1, bk, hs): shared by g heads
+                V_j = v[:, :, None, c0:c1].float()
+                S_ij = (Q_i @ K_j.transpose(-2, -1)) * scale  # (B, nkv, g, bq, bk)
+                if causal and c1 - 1 > offset + r0:  # the tile crosses the diagonal
+                    S_ij = S_ij.masked_fill(_causal_mask(r0, r1, c0, c1, offset, q.device),
+                                            float("-inf"))
+                m_new = torch.maximum(m_i, S_ij.amax(dim=-1))  # running max
+                P_ij = torch.exp(S_ij - m_new[..., None])  # (B, nkv, g, bq, bk)
+                alpha = torch.exp(m_i - m_new)  # rescales what was summed so far
+                l_i = alpha * l_i + P_ij.sum(dim=-1)
+                O_i = alpha[..., None] * O_i + P_ij @ V_j
+                m_i = m_new
+            O[..., r0:r1, :] = (O_i / l_i[..., None]).to(q.dtype)
+            L[..., r0:r1] = m_i + torch.log(l_i)
+        ctx.save_for_backward(q, k, v, O, L)
+        ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k
+        return O.view(B, nh, T, hs)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, O, L = ctx.saved_tensors  # noqa: E741
+        causal, block_q, block_k = ctx.causal, ctx.block_q, ctx.block_k
+        B, nh, T, hs = q.shape
+        nkv, S = k.size(1), k.size(2)
+        g, offset = nh // nkv, S - T
+        scale = 1.0 / math.sqrt(hs)
+        Q = q.view(B, nkv, g, T, hs)
+        dO = dout.reshape(B, nkv, g, T, hs).float()
+        D = (dO * O.float()).sum(dim=-1)  # (B, nkv, g, T): rowsum(dO * O)
+        dQ = torch.zeros(Q.shape, device=q.device)
+        dK = torch.zeros(k.shape, device=q.device)
+        dV = torch.zeros(v.shape, device=q.device)
+        for c0 in range(0, S, block_k):
+            c1 = min(c0 + block_k, S)
+            K_j = k[:, :, None, c0:c1].float()  # (B, nkv, 1, bk, hs)
+            V_j = v[:, :, None, c0:c1].float()
+            first_query = 0 if not causal else max(0, c0 - offset)  # earlier rows see none
+            for r0 in range((first_query // block_q) * block_q, T, block_q):
+                r1 = min(r0 + block_q, T)
+                Q_i = Q[..., r0:r1, :].float()
+                S_ij = (Q_i @ K_j.transpose(-2, -1)) * scale  # recomputed, not stored
+                if causal and c1 - 1 > offset + r0:
+                    S_ij = S_ij.masked_fill(_causal_mask(r0, r1, c0, c1, offset, q.device),
+                                            float("-inf"))
+                P_ij = torch.exp(S_ij - L[..., r0:r1, None])  # the probabilities, again
+                dO_i = dO[..., r0:r1, :]
+                dV[:, :, c0:c1] += (P_ij.transpose(-2, -1) @ dO_i).sum(dim=2)  # over g
+                dP_ij = dO_i @ V_j.transpose(-2, -1)
+                dS_ij = P_ij * (dP_ij - D[..., r0:r1, None])
+                dQ[..., r0:r1, :] += (dS_ij @ K_j) * scale
+                dK[:, :, c0:c1] += ((dS_ij.transpose(-2, -1) @ Q_i) * scale).sum(dim=2)
+        return (dQ.view(B, nh, T, hs).to(q.dtype), dK.to(k.dtype), dV.to(v.dtype),
+                None, None, None)
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+                    block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK) -> torch.Tensor:
+    """Exact attention in tiles of ``block_q`` x ``block_k``, saving O(T) bytes for backward, in q's dtype (chapter: 4)."""
+    check_positive_int("block_q", block_q)
+    check_positive_int("block_k", block_k)
+    _check(q, k, v, causal)
+    return FlashAttention.apply(q, k, v, causal, block_q, block_k)
