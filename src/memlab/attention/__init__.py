@@ -9,3 +9,8 @@ from memlab.attention.flash import (  # noqa: F401
     flash_attention,
     naive_attention,
 )
+from memlab.attention.flops import (  # noqa: F401
+    CPU_SDPA_OPS,
+    attention_flops,
+    register_cpu_sdpa_flops,
+)
