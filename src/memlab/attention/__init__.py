@@ -6,8 +6,12 @@ The pieces live in this folder's modules; their public names are re-exported her
 from memlab.attention.flash import (  # noqa: F401
     DEFAULT_BLOCK,
     FlashAttention,
+    TrafficCounter,
     flash_attention,
     naive_attention,
+    sram_blocks,
+    standard_traffic,
+    tiled_traffic,
 )
 from memlab.attention.flops import (  # noqa: F401
     CPU_SDPA_OPS,

@@ -20,6 +20,38 @@ from memlab.errors import MemlabError, check_positive_int
 DEFAULT_BLOCK = 64  # rows of Q and of K/V per tile
 
 
+class TrafficCounter:
+    """Elements FlashAttention's forward moves between slow memory and its tiles, as it runs.
+
+    Use as a context manager around :func:`flash_attention`: every Q_i, K_j, V_j loaded and
+    every O_i and log-sum-exp row stored is added up, per (batch, head) pair of queries.
+    """
+
+    active: TrafficCounter | None = None
+
+    def __init__(self):
+        self.loaded = 0  # elements read from slow memory into a tile
+        self.stored = 0  # elements written back
+
+    def __enter__(self):
+        TrafficCounter.active = self
+        return self
+
+    def __exit__(self, *exc):
+        TrafficCounter.active = None
+
+    @property
+    def total(self) -> int:
+        """Elements moved in both directions (chapter: 4)."""
+        return self.loaded + self.stored
+
+
+def _count(loaded: int = 0, stored: int = 0) -> None:
+    if TrafficCounter.active is not None:
+        TrafficCounter.active.loaded += loaded
+        TrafficCounter.active.stored += stored
+
+
 def _check(q, k, v, causal: bool) -> tuple[int, int]:
     """(group size nh / nkv, S - T), or a one-line error naming what does not fit."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -89,6 +121,8 @@ class FlashAttention(torch.autograd.Function):
         for r0 in range(0, T, block_q):
             r1 = min(r0 + block_q, T)
             Q_i = Q[..., r0:r1, :].float()  # (B, nkv, g, bq, hs)
+            heads = B * nkv * g
+            _count(loaded=heads * (r1 - r0) * hs)
             m_i = torch.full(Q_i.shape[:-1], float("-inf"), device=q.device)  # (B, nkv, g, bq)
             l_i = torch.zeros(Q_i.shape[:-1], device=q.device)
             O_i = torch.zeros(Q_i.shape, device=q.device)
@@ -97,6 +131,7 @@ class FlashAttention(torch.autograd.Function):
                 c1 = min(c0 + block_k, S)
                 K_j = k[:, :, None, c0:c1].float()  # (B, nkv, 1, bk, hs): shared by g heads
                 V_j = v[:, :, None, c0:c1].float()
+                _count(loaded=heads * 2 * (c1 - c0) * hs)  # each query head reads its K_j, V_j
                 S_ij = (Q_i @ K_j.transpose(-2, -1)) * scale  # (B, nkv, g, bq, bk)
                 if causal and c1 - 1 > offset + r0:  # the tile crosses the diagonal
                     S_ij = S_ij.masked_fill(_causal_mask(r0, r1, c0, c1, offset, q.device),
@@ -109,6 +144,7 @@ class FlashAttention(torch.autograd.Function):
                 m_i = m_new
             O[..., r0:r1, :] = (O_i / l_i[..., None]).to(q.dtype)
             L[..., r0:r1] = m_i + torch.log(l_i)
+            _count(stored=heads * (r1 - r0) * (hs + 1))  # O_i and the log-sum-exp rows
         ctx.save_for_backward(q, k, v, O, L)
         ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k
         return O.view(B, nh, T, hs)
@@ -157,3 +193,37 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     check_positive_int("block_k", block_k)
     _check(q, k, v, causal)
     return FlashAttention.apply(q, k, v, causal, block_q, block_k)
+
+
+def standard_traffic(T: int, S: int, hs: int) -> int:
+    """Elements the standard algorithm moves per head: Q, K in, S out, S in, P out, P and V in, O out (chapter: 4).
+
+    The FlashAttention paper's Algorithm 0: Theta(T hs + T S).
+    """
+    for name, n in (("T", T), ("S", S), ("hs", hs)):
+        check_positive_int(name, n)
+    return (T * hs + S * hs) + T * S + (T * S + T * S) + (T * S + S * hs) + T * hs
+
+
+def tiled_traffic(T: int, S: int, hs: int, *, block_q: int, causal: bool = False) -> int:
+    """Elements this module's tiled forward moves per head, without the causal skip unless asked (chapter: 4).
+
+    Q and O cross once; K and V cross once per query block: T hs + (T / block_q) 2 S hs + T (hs + 1).
+    """
+    for name, n in (("T", T), ("S", S), ("hs", hs), ("block_q", block_q)):
+        check_positive_int(name, n)
+    keys = 0
+    for r0 in range(0, T, block_q):
+        r1 = min(r0 + block_q, T)
+        keys += S if not causal else min(S, S - T + r1)
+    # keys read per query block are whole K/V blocks: the count above is exact only for whole
+    # blocks, which flash_attention reads (the last block may be partial)
+    return T * hs + 2 * keys * hs + T * (hs + 1)
+
+
+def sram_blocks(sram_elements: int, hs: int) -> tuple[int, int]:
+    """FlashAttention's block sizes for a fast memory of ``sram_elements``: (B_r, B_c) = (min(ceil(M / 4d), d), ceil(M / 4d)) (chapter: 4)."""
+    check_positive_int("sram_elements", sram_elements)
+    check_positive_int("hs", hs)
+    b_c = -(-sram_elements // (4 * hs))
+    return min(b_c, hs), b_c
