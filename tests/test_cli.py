@@ -143,3 +143,45 @@ def test_estimate_names_a_config_json_by_its_own_name_or_its_path(capsys, tmp_pa
     path.write_text(json.dumps(dict(raw, _name_or_path="gpt2-medium")))
     assert main(argv + ["--json"]) == 0
     assert json.loads(capsys.readouterr().out)["setup"]["model"] == "gpt2-medium"
+
+
+@pytest.mark.parametrize("model, per_token", [("llama2-7b", 512 * 1024), ("llama2-70b", 320 * 1024)])
+def test_estimate_inference_json_gives_the_kv_cache_per_token(capsys, model, per_token):
+    assert main(["estimate", "--inference", "--model", model, "--batch-size", "2",
+                 "--seq-len", "1024", "--new-tokens", "16", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["kv_cache_bytes_per_token"] == per_token  # 16-bit: 2 x layers x kv heads x hs x 2
+    assert d["kv_cache_bytes"] == per_token * 2 * 1024
+    assert d["peak_bytes"] >= d["weights_bytes"] + d["kv_cache_bytes"]
+    assert main(["estimate", "--inference", "--model", model, "--batch-size", "2",
+                 "--seq-len", "1024", "--new-tokens", "16", "--kv-precision", "fp32",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kv_cache_bytes_per_token"] == 2 * per_token
+
+
+def test_estimate_inference_is_held_to_the_trace(capsys):
+    from memlab.memory.inference import trace_inference
+
+    assert main(["estimate", "--inference", "--model", "tiny", "--batch-size", "2",
+                 "--seq-len", "48", "--new-tokens", "8", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    traced = trace_inference("tiny", batch_size=2, prompt_len=40, new_tokens=8, dtype="bf16")
+    assert d["kv_cache_bytes"] == traced.kv_cache_bytes
+    assert d["weights_bytes"] == traced.weights_bytes
+    assert abs(d["peak_bytes"] / traced.peak_bytes - 1) < 0.03
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--optimizer", "sgd"], "--optimizer is for a training step"),
+    (["--checkpointing"], "--checkpointing is for a training step"),
+    (["--new-tokens", "64"], "must be below --seq-len"),
+    (["--kv-precision", "int3"], "kv_precision"),
+])
+def test_estimate_inference_bad_input_is_one_line(capsys, cli_error, extra, match):
+    cli_error(["estimate", "--inference", "--model", "tiny", "--batch-size", "1",
+               "--seq-len", "64", *extra], match)
+
+
+def test_inference_options_need_inference(capsys, cli_error):
+    cli_error(["estimate", "--model", "tiny", "--batch-size", "1", "--seq-len", "64",
+               "--new-tokens", "4"], "need --inference")

@@ -4,6 +4,8 @@
     memlab list                                  list the experiments
     memlab run <experiment> [--scale ci|full] [--out results/] [--json]
     memlab estimate --model <preset|config.json> --batch-size B --seq-len S [options] [--json]
+    memlab estimate --inference --model M --batch-size B --seq-len S [--new-tokens N]
+                    [--precision P] [--kv-precision P] [--json]   generation with a KV cache
     memlab trace    (the same options)           measure under FakeTensorMode instead
     memlab bits <value> [--format <fmt>] [--json] how a value is stored (all formats by default)
 
@@ -101,15 +103,24 @@ def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
                    help=f"a preset ({', '.join(PRESETS)}) or a path to a Hugging Face config.json")
     p.add_argument("--batch-size", type=int, required=True, help="sequences per micro-batch")
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
-    p.add_argument("--precision", default="fp32", help=f"one of: {', '.join(PRECISIONS)}")
-    p.add_argument("--optimizer", default="adamw", help=f"one of: {', '.join(OPTIMIZERS)}")
-    p.add_argument("--optimizer-impl", default="foreach",
-                   help=f"one of: {', '.join(OPTIMIZER_IMPLS)}")
+    p.add_argument("--precision", default=None,
+                   help=f"one of: {', '.join(PRECISIONS)} (default fp32; bf16 with --inference)")
+    p.add_argument("--optimizer", default=None,
+                   help=f"one of: {', '.join(OPTIMIZERS)} (default adamw)")
+    p.add_argument("--optimizer-impl", default=None,
+                   help=f"one of: {', '.join(OPTIMIZER_IMPLS)} (default foreach)")
     p.add_argument("--attention", default=None, help="sdpa (default) or eager")
     p.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
     p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
     if estimate:
         p.add_argument("--device", default="cuda", help="cuda (default) or cpu conventions")
+        p.add_argument("--inference", action="store_true",
+                       help="generation with a KV cache instead of a training step: --seq-len "
+                            "counts prompt and generated tokens")
+        p.add_argument("--new-tokens", type=int, default=None,
+                       help="with --inference: tokens generated, out of --seq-len (default 1)")
+        p.add_argument("--kv-precision", default=None,
+                       help="with --inference: the KV cache's dtype (default: --precision)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -132,15 +143,57 @@ def _step_json(result, mode: str) -> dict:
                 phase_peak_bytes=result.phase_peak_bytes, setup=result.setup)
 
 
+# a training step's options, with their values when not given
+_TRAINING_ONLY = (("optimizer", "--optimizer", None), ("optimizer_impl", "--optimizer-impl", None),
+                  ("checkpointing", "--checkpointing", False), ("grad_accum", "--grad-accum", 1))
+
+
+def _cmd_inference(args) -> int:
+    """``memlab estimate --inference``: weights, KV cache and peak of generation."""
+    from memlab.memory.inference import estimate_inference
+    from memlab.model.transformer import get_config
+
+    for attr, flag, unset in _TRAINING_ONLY:
+        if getattr(args, attr) != unset:
+            raise MemlabError(f"{flag} is for a training step, not with --inference; accepted "
+                              "with --inference: --batch-size, --seq-len, --new-tokens, "
+                              "--precision, --kv-precision, --json")
+    new = 1 if args.new_tokens is None else args.new_tokens
+    if isinstance(new, int) and new >= 1 and args.seq_len is not None and new >= args.seq_len:
+        raise MemlabError(f"--new-tokens ({new}) must be below --seq-len ({args.seq_len}), which "
+                          "counts the prompt and the generated tokens")
+    cfg = get_config(args.model)
+    if args.attention is not None:
+        cfg = get_config(args.model, attention=args.attention)
+    est = estimate_inference(cfg, args.batch_size, args.seq_len - new, args.precision or "bf16",
+                             new, kv_precision=args.kv_precision)
+    tokens = args.batch_size * args.seq_len
+    if args.json:
+        print(json.dumps(dict(mode="inference", parameters=est.setup["parameters"],
+                              weights_bytes=est.weights_bytes, kv_cache_bytes=est.kv_cache_bytes,
+                              kv_cache_bytes_per_token=est.kv_cache_bytes // tokens,
+                              peak_bytes=est.peak_bytes, peak_phase=est.peak_phase,
+                              phase_peak_bytes=est.phase_peak_bytes, setup=est.setup)))
+    else:
+        print(est.table())
+        print(f"KV cache per token: {est.kv_cache_bytes // tokens:,} bytes")
+    return 0
+
+
 def _cmd_step(args, mode: str) -> int:
     from memlab.measure.step import StepSpec, trace_step
     from memlab.memory.training import estimate
     from memlab.model.transformer import get_config
 
+    if getattr(args, "inference", False):
+        return _cmd_inference(args)
+    if getattr(args, "new_tokens", None) is not None or getattr(args, "kv_precision", None):
+        raise MemlabError("--new-tokens and --kv-precision need --inference")
     spec = StepSpec(get_config(args.model), batch_size=args.batch_size, seq_len=args.seq_len,
-                    precision=args.precision, optimizer=args.optimizer,
-                    optimizer_impl=args.optimizer_impl, checkpointing=args.checkpointing,
-                    grad_accum_steps=args.grad_accum, attention=args.attention)
+                    precision=args.precision or "fp32", optimizer=args.optimizer or "adamw",
+                    optimizer_impl=args.optimizer_impl or "foreach",
+                    checkpointing=args.checkpointing, grad_accum_steps=args.grad_accum,
+                    attention=args.attention)
     result = estimate(spec, device=args.device) if mode == "estimate" else trace_step(spec)
     if args.json:
         print(json.dumps(_step_json(result, mode)))

@@ -279,12 +279,14 @@ def forward_stage_bytes(cfg: ModelConfig | str, *, batch_size: int, new_position
 
 
 def estimate_inference(cfg: ModelConfig | str, batch_size: int, seq_len: int,
-                       precision: str = "bf16", new_tokens: int = 1):
+                       precision: str = "bf16", new_tokens: int = 1, *,
+                       kv_precision: str | None = None):
     """Estimated bytes of generating new_tokens tokens after a prompt of seq_len, by phase (chapter: 1).
 
     Weights and the KV cache are held in one dtype: 4 bytes for ``fp32``, 2 for ``bf16`` and
     ``fp16``. A ``*-mixed`` precision (a training recipe) is served in its 16-bit type, with
-    no fp32 master copy. The cache is preallocated for seq_len + new_tokens positions. The
+    no fp32 master copy. ``kv_precision`` stores the cache in another of those dtypes (the
+    weights' by default). The cache is preallocated for seq_len + new_tokens positions. The
     prefill peak is weights + cache + prompt ids + the largest stage of a forward pass at
     T = seq_len (:func:`forward_stage_bytes`; the MLP's intermediates for the presets);
     the decode peak is the same at T = 1 over the full cache, plus the tokens generated so
@@ -300,13 +302,16 @@ def estimate_inference(cfg: ModelConfig | str, batch_size: int, seq_len: int,
     check_positive_int("seq_len", seq_len)
     check_positive_int("new_tokens", new_tokens)
     check_choice("precision", precision, DTYPE_BYTES)
+    kv_precision = precision if kv_precision is None else kv_precision
+    check_choice("kv_precision", kv_precision, DTYPE_BYTES)
     if seq_len + new_tokens > cfg.max_seq_len:
         raise MemlabError(f"seq_len {seq_len} + new_tokens {new_tokens} exceeds max_seq_len "
                           f"{cfg.max_seq_len} of model {cfg.name!r}")
     B, T, N, cb = batch_size, seq_len, new_tokens, DTYPE_BYTES[precision]
     n = cfg.num_parameters()
     weights = n * cb
-    cache = kv_cache_bytes(cfg, batch_size=B, tokens=T + N, bytes_per_value=cb)
+    cache = kv_cache_bytes(cfg, batch_size=B, tokens=T + N,
+                           bytes_per_value=DTYPE_BYTES[kv_precision])
     ids = B * T * 8  # the prompt's token ids, int64
     prefill = max(forward_stage_bytes(cfg, batch_size=B, new_positions=T, positions=T,
                                       bytes_per_value=cb).values())
@@ -339,6 +344,7 @@ def estimate_inference(cfg: ModelConfig | str, batch_size: int, seq_len: int,
         peak_phase=peak_phase,
         phase_peak_bytes=phases,
         setup=dict(model=cfg.name, parameters=n, batch_size=B, seq_len=T, precision=precision,
-                   dtype=dtype, attention=cfg.attention, mode="inference", new_tokens=N),
+                   dtype=dtype, attention=cfg.attention, mode="inference", new_tokens=N,
+                   kv_precision=kv_precision),
         phase_breakdown=breakdown,
     )
