@@ -18,3 +18,11 @@ from memlab.attention.flops import (  # noqa: F401
     attention_flops,
     register_cpu_sdpa_flops,
 )
+from memlab.attention.memory import (  # noqa: F401
+    IMPLS,
+    SDPA_BACKENDS,
+    AttentionMemory,
+    attention_memory,
+    fit_exponent,
+    saved_bytes,
+)
