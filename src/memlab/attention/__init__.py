@@ -18,6 +18,11 @@ from memlab.attention.flops import (  # noqa: F401
     attention_flops,
     register_cpu_sdpa_flops,
 )
+from memlab.attention.kv import (  # noqa: F401
+    kv_bytes_per_token,
+    longest_context,
+    tokens_where_cache_equals_weights,
+)
 from memlab.attention.memory import (  # noqa: F401
     IMPLS,
     SDPA_BACKENDS,
