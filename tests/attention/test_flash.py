@@ -127,3 +127,14 @@ def test_scale_is_one_over_sqrt_head_size():
     out = flash_attention(q, k, v, causal=False)
     s = (q @ k.transpose(-2, -1)) / math.sqrt(4)
     torch.testing.assert_close(out, s.softmax(-1) @ v, rtol=1e-5, atol=1e-6)
+
+
+def test_online_softmax_equals_softmax_and_keeps_the_running_max():
+    from memlab.attention import online_softmax
+
+    x = torch.tensor([[1.0, 3.0, -2.0, 5.0, 0.5, 4.0, 7.0]])
+    p, steps = online_softmax(x, block=3)
+    torch.testing.assert_close(p, x.softmax(-1))
+    assert [float(m) for m, _ in steps] == [3.0, 5.0, 7.0]
+    _, norm = steps[-1]
+    assert float(norm) == pytest.approx(float(torch.exp(x - 7.0).sum()))

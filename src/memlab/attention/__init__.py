@@ -9,6 +9,8 @@ from memlab.attention.flash import (  # noqa: F401
     TrafficCounter,
     flash_attention,
     naive_attention,
+    online_softmax,
+    online_softmax_update,
     sram_blocks,
     standard_traffic,
     tiled_traffic,

@@ -227,3 +227,29 @@ def sram_blocks(sram_elements: int, hs: int) -> tuple[int, int]:
     check_positive_int("hs", hs)
     b_c = -(-sram_elements // (4 * hs))
     return min(b_c, hs), b_c
+
+
+def online_softmax_update(m: torch.Tensor, l: torch.Tensor, x_block: torch.Tensor):  # noqa: E741
+    """One block of the online softmax: the new running max and normaliser, and the rescale of the old sum (chapter: 4).
+
+    ``m`` and ``l`` are the max and the sum of exp(x - m) over the blocks seen so far (``-inf``
+    and 0 before the first); returns ``(m_new, l_new, alpha)`` with ``alpha = exp(m - m_new)``,
+    the factor that rescales everything accumulated before this block.
+    """
+    m_new = torch.maximum(m, x_block.amax(dim=-1))
+    alpha = torch.exp(m - m_new)
+    l_new = alpha * l + torch.exp(x_block - m_new[..., None]).sum(dim=-1)
+    return m_new, l_new, alpha
+
+
+def online_softmax(x: torch.Tensor, block: int):
+    """Softmax over the last dimension computed block by block, and the running (max, normaliser) after each block (chapter: 4)."""
+    check_positive_int("block", block)
+    x = x.float()
+    m = torch.full(x.shape[:-1], float("-inf"))
+    l = torch.zeros(x.shape[:-1])  # noqa: E741 (the papers' l)
+    steps = []
+    for c0 in range(0, x.size(-1), block):
+        m, l, _ = online_softmax_update(m, l, x[..., c0:c0 + block])  # noqa: E741
+        steps.append((m.clone(), l.clone()))
+    return torch.exp(x - m[..., None]) / l[..., None], steps
