@@ -55,6 +55,21 @@ def _c04_holds(ev):  # both rules at the same point of the curve
     return ev
 
 
+def _c22_activations(ev, factor):
+    ev = copy.deepcopy(ev)
+    for r in ev["rows"].values():
+        if r["group"] > 1:
+            r["activations"] = {a: factor for a in r["activations"]}
+    return ev
+
+
+def _c22_cache(ev):
+    ev = copy.deepcopy(ev)
+    for r in ev["rows"].values():
+        r["kv_ratio"] = 1.0
+    return ev
+
+
 def _c43_timed(ratios):
     by_tokens = dict(zip((1, 16, 2048), ratios, strict=True))
 
@@ -128,10 +143,24 @@ CASES = {
                                                                                      else 1)}
                                                 for b, p in ev["peaks"].items()}},
             WRONG: lambda ev: ev},
+    "C20": {HOLDS: lambda ev: {**ev, "flop_exponent": {**ev["flop_exponent"], "flash": 1.0},
+                               "step_over_forward": {**ev["step_over_forward"], "flash": 2.5}},
+            CAVEAT: lambda ev: {**ev, "flop_exponent": {**ev["flop_exponent"], "flash": 1.0}},
+            WRONG: lambda ev: ev},
+    "C21": {HOLDS: lambda ev: {**ev, "memory": {2048: 12.0, 4096: 18.0},
+                               "speed": {"label": "recorded on a GPU", "ratios": {2048: 3.0}}},
+            CAVEAT: lambda ev: {**ev, "speed": None},
+            WRONG: lambda ev: {**ev, "memory": {T: 2.0 for T in ev["memory"]}}},
+    "C22": {HOLDS: lambda ev: _c22_activations(ev, 0.5), CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: _c22_cache(ev)},
+    "C27": {HOLDS: lambda ev: {**ev, "ms": (10.0, 5.0), "compile_s": 0.5},
+            CAVEAT: lambda ev: {**ev, "ms": (10.0, 9.9)},
+            WRONG: lambda ev: {**ev, "ms": (10.0, 20.0)},
+            NOT_JUDGED: lambda ev: {**ev, "record": None}},
     "C43": {HOLDS: _c43_timed((0.5, 0.6, 0.7)), CAVEAT: _c43_timed((1.5, 1.2, 0.7)),
             WRONG: _c43_timed((1.5, 1.2, 1.1)), NOT_JUDGED: lambda ev: {**ev, "timed": {}}},
 }
-TRAINING = {"C14", "C16", "C17", "C18", "C19"}
+TRAINING = {"C14", "C16", "C17", "C18", "C19", "C22"}
 
 
 def test_every_claim_has_cases_for_every_judged_level():

@@ -28,6 +28,7 @@ PARTS = (
     Part("memory", "chapters/01_where_the_memory_goes", "lab01", "Where the memory goes"),
     Part("precision", "chapters/02_number_formats", "lab02", "Number formats"),
     Part("quant", "chapters/03_quantization", "lab03", "Quantization"),
+    Part("attention", "chapters/04_attention", "lab04", "Attention"),
 )
 
 

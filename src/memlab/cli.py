@@ -109,7 +109,8 @@ def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
                    help=f"one of: {', '.join(OPTIMIZERS)} (default adamw)")
     p.add_argument("--optimizer-impl", default=None,
                    help=f"one of: {', '.join(OPTIMIZER_IMPLS)} (default foreach)")
-    p.add_argument("--attention", default=None, help="sdpa (default) or eager")
+    p.add_argument("--attention", default=None,
+                   help="sdpa (default), eager or flash (the book's own FlashAttention)")
     p.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
     p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
     if estimate:

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from memlab.attention.flash import flash_attention, naive_attention
 from memlab.device import pick_device
 from memlab.dtypes import dtype as to_dtype
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.measure.step import measure_peak
+from memlab.model.flash import flash_attention, naive_attention
 
 SDPA_BACKENDS = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION",
                  "sdpa-efficient": "EFFICIENT_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION"}

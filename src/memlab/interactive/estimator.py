@@ -34,9 +34,11 @@ from memlab.memory.training import (
     BNB_MIN_NUMEL,
     COMPUTE_BYTES,
     DEVICES,
+    FLASH_TILES,
     PARAM_BYTES,
     estimate,
 )
+from memlab.model.flash import DEFAULT_BLOCK as FLASH_BLOCK
 from memlab.model.train import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS
 from memlab.model.transformer import (
     ATTENTION_IMPLS,
@@ -357,6 +359,8 @@ def estimator_data(model: str | ModelConfig = "llama2-7b", gpus=CATALOGUE) -> di
         "optimizers": list(OPTIMIZERS),
         "optimizer_impls": list(OPTIMIZER_IMPLS),
         "attentions": list(ATTENTION_IMPLS),
+        "flash_block": FLASH_BLOCK,  # the book's FlashAttention tiles (memlab.model.flash)
+        "flash_tiles": dict(FLASH_TILES),
         "devices": list(DEVICES),
         "categories": [{"key": c, "label": CATEGORY_LABELS[c], "color": CATEGORY_COLORS[c]}
                        for c in _categories()],

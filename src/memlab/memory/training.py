@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.measure.step import PHASES, StepSpec
+from memlab.model.flash import DEFAULT_BLOCK
 from memlab.model.transformer import ATTENTION_IMPLS, ModelConfig, get_config
 from memlab.units import to_unit
 
@@ -301,6 +302,16 @@ def _attention_core(cfg, B, T, precision, device, scope="layer"):
     if cfg.style == "llama" and cb != 4:
         out.append(SavedTensor("RoPE cos and sin cast to 16 bits (for q and for k)", scope,
                                "4 x (T, hs/2)", half, 4 * T * (hs // 2) * 2))
+    if cfg.attention == "flash":  # the book's FlashAttention: k and v as they are, per KV head
+        nkv = cfg.kv_heads
+        out.append(SavedTensor("q", scope, "(B, nh, T, hs)", cdt, BT * C * cb))
+        for name in ("k", "v"):
+            out.append(SavedTensor(name, scope, "(B, nkv, T, hs)", cdt, B * nkv * T * hs * cb))
+        out.append(SavedTensor("attention output", scope, "(B, nh, T, hs)", cdt, BT * C * cb))
+        out.append(SavedTensor("attention logsumexp", scope, "(B, nh, T)", "fp32", B * nh * T * 4))
+        out.append(SavedTensor("attention output, heads merged (a copy)", scope, "(B, T, C)",
+                               cdt, BT * C * cb))
+        return out
     kv_note = " (repeated to all heads)" if cfg.kv_heads != nh else ""
     for name in ("q", f"k{kv_note}", f"v{kv_note}"):
         out.append(SavedTensor(name, scope, "(B, nh, T, hs)", cdt, BT * C * cb))
@@ -617,10 +628,39 @@ def _activation_peaks(cfg, saved, B, T, precision, checkpointing, device,
             # Its backward holds the tensor, the gradient w.r.t. it, and the gradient of what
             # consumed it: the same size for elementwise ops, (B, T, C) for the output Linears.
             consumer_grad = BT * C * cb if t.name in _LINEAR_INPUTS else t.bytes
+            if cfg.attention == "flash" and t.name == "attention logsumexp":
+                consumer_grad = flash_backward_workspace(cfg, B, T, precision) - t.bytes
             alive = (model_level + below + prefix + casts_alive + done + grads_done + dx + d_out
                      + t.bytes + consumer_grad)
             bwd = max(bwd, alive)
     return fwd, bwd
+
+
+# Tiles alive in the book's FlashAttention backward: at the loop's highest point (S_ij, P_ij,
+# dP_ij, dS_ij and two temporaries) and at the end (the last iteration's four, named ones).
+FLASH_TILES = {"loop": 6, "end": 4}
+
+
+def flash_backward_workspace(cfg: ModelConfig, B: int, T: int, precision: str,
+                             block: int = DEFAULT_BLOCK) -> int:
+    """Bytes the book's FlashAttention backward allocates beyond what it saved, for one layer (chapter: 4).
+
+    dQ, dK and dV accumulate in fp32 beside the fp32 row sums D, and each iteration holds a few
+    (block x block) tiles per query head; 16-bit inputs add dO and the blocks in fp32, and the
+    three gradients cast back at the end, beside the last iteration's tiles.
+    """
+    nh, nkv, hs = cfg.n_head, cfg.kv_heads, cfg.head_dim
+    q_el, kv_el = B * nh * T * hs, B * nkv * T * hs
+    cb = COMPUTE_BYTES[precision]
+    tile = 4 * B * nh * min(block, T) ** 2  # one (block, block) tile per query head, fp32
+    base = 4 * (q_el + 2 * kv_el) + 4 * B * nh * T  # dQ, dK, dV and the row sums D
+    if cb == 4:  # the loop's highest point
+        return base + FLASH_TILES["loop"] * tile
+    blocks = 4 * (B * nh * min(block, T) * hs + 2 * B * nkv * min(block, T) * hs)  # Q_i, K_j, V_j
+    dO = 4 * q_el  # dO in fp32
+    loop = base + dO + blocks + FLASH_TILES["loop"] * tile
+    end = base + dO + blocks + FLASH_TILES["end"] * tile + cb * (q_el + 2 * kv_el)  # dQ, dK, dV cast back
+    return max(loop, end)
 
 
 def kv_cache_bytes(cfg: ModelConfig, *, batch_size: int, tokens: int, bytes_per_value: int = 2) -> int:

@@ -36,6 +36,7 @@ class LMConfig:
     d_model: int = 128
     n_layer: int = 2
     n_head: int = 4
+    n_kv_head: int | None = None  # None: n_head (plain multi-head attention); chapter 4's GQA
     d_ff: int = 384
     seq_len: int = 32
     batch_size: int = 32
@@ -50,7 +51,8 @@ class LMConfig:
         """The transformer's shape, as a :class:`memlab.model.transformer.ModelConfig`."""
         return ModelConfig(name=f"markov{self.order}-d{self.d_model}", style="llama",
                            vocab_size=self.vocab_size, n_layer=self.n_layer, n_head=self.n_head,
-                           n_kv_head=self.n_head, d_model=self.d_model, d_ff=self.d_ff,
+                           n_kv_head=self.n_head if self.n_kv_head is None else self.n_kv_head,
+                           d_model=self.d_model, d_ff=self.d_ff,
                            max_seq_len=self.seq_len)
 
     def task(self) -> MarkovTask:

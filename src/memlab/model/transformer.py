@@ -25,8 +25,9 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from memlab.errors import MemlabError, check_choice
+from memlab.model.flash import flash_attention
 
-ATTENTION_IMPLS = ("sdpa", "eager")
+ATTENTION_IMPLS = ("sdpa", "eager", "flash")
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,9 @@ class ModelConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_embeddings: bool | None = None  # None: tied for gpt2, untied for llama
-    attention: str = "sdpa"  # "sdpa" (flash / memory-efficient) or "eager" (stores the softmax)
+    # "sdpa" (PyTorch's fused kernels), "eager" (stores the softmax) or "flash" (the book's own
+    # tiled FlashAttention, memlab.model.flash: saves O(T), reads K and V once per query group)
+    attention: str = "sdpa"
 
     def __post_init__(self) -> None:
         check_choice("model style", self.style, ("llama", "gpt2"))
@@ -407,6 +410,9 @@ class Attention(nn.Module):
             k = cache.k[layer][:, :, : pos + T]  # (B, nkv, S, hs), S = pos + T; a view
             v = cache.v[layer][:, :, : pos + T]
         S = k.size(2)  # keys: S = T without a cache
+        if cfg.attention == "flash":  # the T queries are the last T of the S positions
+            y = flash_attention(q, k, v, causal=True)  # (B, nh, T, hs); k, v not repeated
+            return self.o_proj(y.transpose(1, 2).reshape(B, T, nh * hs))
         if nkv != nh:  # GQA: each key/value head serves nh/nkv query heads
             k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, S, hs)
             v = v.repeat_interleave(nh // nkv, dim=1)

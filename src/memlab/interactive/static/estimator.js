@@ -305,7 +305,7 @@
      attention norm, attention, MLP norm, MLP; flags for the backward walk. */
   function saved(scope, stage, bytes, flags) {
     return { scope: scope, stage: stage, bytes: bytes, linearInput: !!(flags && flags.linearInput),
-             softmax: !!(flags && flags.softmax) };
+             softmax: !!(flags && flags.softmax), flashLse: !!(flags && flags.flashLse) };
   }
 
   function isMixed(precision) {
@@ -355,6 +355,14 @@
     if (cfg.style === "llama" && cb !== fp32) { // cos and sin cast to 16 bits, for q and for k
       out.push(saved("layer", stage, 2 * 2 * T * Math.floor(hs / 2) * K.bytes.half));
     }
+    if (cfg.attention === "flash") { // the book's FlashAttention: k and v per KV head, not repeated
+      var kvBytes = B * cfg.kv_heads * T * hs * cb;
+      out.push(saved("layer", stage, BT * C * cb), saved("layer", stage, kvBytes),
+               saved("layer", stage, kvBytes), saved("layer", stage, BT * C * cb),
+               saved("layer", stage, B * nh * T * fp32, { flashLse: true }),
+               saved("layer", stage, BT * C * cb, { linearInput: true }));
+      return out;
+    }
     out.push(saved("layer", stage, BT * C * cb), saved("layer", stage, BT * C * cb),
              saved("layer", stage, BT * C * cb));
     if (cfg.attention === "sdpa") { // output and logsumexp
@@ -369,6 +377,28 @@
       out.push(saved("layer", stage, BT * C * cb, { linearInput: true }));
     }
     return out;
+  }
+
+  /* Bytes the book's FlashAttention backward allocates beyond what it saved, one layer
+     (memlab.memory.training.flash_backward_workspace). */
+  function flashBackwardWorkspace(cfg, B, T, precision, K) {
+    var nh = cfg.n_head;
+    var hs = cfg.head_dim;
+    var fp32 = K.bytes.fp32;
+    var cb = K.compute_bytes[precision];
+    var qEl = B * nh * T * hs;
+    var kvEl = B * cfg.kv_heads * T * hs;
+    var b = Math.min(K.flash_block, T);
+    var tile = fp32 * B * nh * b * b;
+    var base = fp32 * (qEl + 2 * kvEl) + fp32 * B * nh * T; // dQ, dK, dV and the row sums D
+    if (cb === fp32) {
+      return base + K.flash_tiles.loop * tile;
+    }
+    var blocks = fp32 * (B * nh * b * hs + 2 * B * cfg.kv_heads * b * hs); // Q_i, K_j, V_j
+    var dO = fp32 * qEl;
+    var loop = base + dO + blocks + K.flash_tiles.loop * tile;
+    var end = base + dO + blocks + K.flash_tiles.end * tile + cb * (qEl + 2 * kvEl);
+    return Math.max(loop, end);
   }
 
   function linearWeightElements(cfg) {
@@ -536,6 +566,9 @@
         var castsAlive = inBlock[t.stage][1];
         var dOut = t.stage === "attention" ? BT * C * cb : 0;
         var consumerGrad = t.linearInput ? BT * C * cb : t.bytes;
+        if (t.flashLse) { // FlashAttention's backward: its fp32 accumulators and tiles
+          consumerGrad = flashBackwardWorkspace(cfg, B, T, precision, K) - t.bytes;
+        }
         var alive = modelLevel + below + prefix + castsAlive + done + gradsDone + dx + dOut +
           t.bytes + consumerGrad;
         bwd = Math.max(bwd, alive);

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from memlab.errors import MemlabError, check_positive_int
 
@@ -86,6 +87,19 @@ def _causal_mask(t0: int, t1: int, s0: int, s1: int, offset: int, device) -> tor
     return s > offset + t  # (t1 - t0, s1 - s0)
 
 
+def _tiles(starts: range, like: torch.Tensor, last: bool = False):
+    """The tile starts to visit: all of them, or one when ``like`` holds no data (a trace).
+
+    Under ``FakeTensorMode`` (memlab.measure's traces) or on the meta device the tiles compute
+    nothing, and every iteration allocates and frees the same sizes as the one before; one
+    tile (the first, or with ``last`` the last, which crosses the causal diagonal) gives the
+    same saved bytes and the same peak at a small fraction of the trace's time.
+    """
+    if like.device.type != "meta" and not is_fake(like):
+        return starts
+    return starts[-1:] if last else starts[:1]
+
+
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                     causal: bool = True) -> torch.Tensor:
     """Softmax(q k^T / sqrt(hs)) v with the (B, nh, T, S) scores materialised, in q's dtype (chapter: 4)."""
@@ -111,6 +125,14 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, block_q: int, block_k: int):
+        with torch.autocast(q.device.type, enabled=False):  # tiles in fp32, whatever autocast says
+            O, L = FlashAttention._forward(q, k, v, causal, block_q, block_k)  # noqa: E741
+        ctx.save_for_backward(q, k, v, O, L)
+        ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k
+        return O.view(q.shape)
+
+    @staticmethod
+    def _forward(q, k, v, causal: bool, block_q: int, block_k: int):
         g, offset = _check(q, k, v, causal)
         B, nh, T, hs = q.shape
         nkv, S = k.size(1), k.size(2)
@@ -118,7 +140,7 @@ class FlashAttention(torch.autograd.Function):
         Q = q.view(B, nkv, g, T, hs)
         O = torch.empty(B, nkv, g, T, hs, dtype=q.dtype, device=q.device)  # noqa: E741 (the papers' O)
         L = torch.empty(B, nkv, g, T, dtype=torch.float32, device=q.device)  # log-sum-exp
-        for r0 in range(0, T, block_q):
+        for r0 in _tiles(range(0, T, block_q), q):
             r1 = min(r0 + block_q, T)
             Q_i = Q[..., r0:r1, :].float()  # (B, nkv, g, bq, hs)
             heads = B * nkv * g
@@ -127,7 +149,7 @@ class FlashAttention(torch.autograd.Function):
             l_i = torch.zeros(Q_i.shape[:-1], device=q.device)
             O_i = torch.zeros(Q_i.shape, device=q.device)
             last_key = S if not causal else min(S, offset + r1)  # keys beyond are masked for all
-            for c0 in range(0, last_key, block_k):
+            for c0 in _tiles(range(0, last_key, block_k), q, last=True):
                 c1 = min(c0 + block_k, S)
                 K_j = k[:, :, None, c0:c1].float()  # (B, nkv, 1, bk, hs): shared by g heads
                 V_j = v[:, :, None, c0:c1].float()
@@ -145,14 +167,17 @@ class FlashAttention(torch.autograd.Function):
             O[..., r0:r1, :] = (O_i / l_i[..., None]).to(q.dtype)
             L[..., r0:r1] = m_i + torch.log(l_i)
             _count(stored=heads * (r1 - r0) * (hs + 1))  # O_i and the log-sum-exp rows
-        ctx.save_for_backward(q, k, v, O, L)
-        ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k
-        return O.view(B, nh, T, hs)
+        return O, L
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, O, L = ctx.saved_tensors  # noqa: E741
-        causal, block_q, block_k = ctx.causal, ctx.block_q, ctx.block_k
+        with torch.autocast(q.device.type, enabled=False):
+            return FlashAttention._backward(q, k, v, O, L, dout, ctx.causal, ctx.block_q,
+                                            ctx.block_k)
+
+    @staticmethod
+    def _backward(q, k, v, O, L, dout, causal: bool, block_q: int, block_k: int):  # noqa: E741
         B, nh, T, hs = q.shape
         nkv, S = k.size(1), k.size(2)
         g, offset = nh // nkv, S - T
@@ -163,12 +188,12 @@ class FlashAttention(torch.autograd.Function):
         dQ = torch.zeros(Q.shape, device=q.device)
         dK = torch.zeros(k.shape, device=q.device)
         dV = torch.zeros(v.shape, device=q.device)
-        for c0 in range(0, S, block_k):
+        for c0 in _tiles(range(0, S, block_k), q):
             c1 = min(c0 + block_k, S)
             K_j = k[:, :, None, c0:c1].float()  # (B, nkv, 1, bk, hs)
             V_j = v[:, :, None, c0:c1].float()
             first_query = 0 if not causal else max(0, c0 - offset)  # earlier rows see none
-            for r0 in range((first_query // block_q) * block_q, T, block_q):
+            for r0 in _tiles(range((first_query // block_q) * block_q, T, block_q), q):
                 r1 = min(r0 + block_q, T)
                 Q_i = Q[..., r0:r1, :].float()
                 S_ij = (Q_i @ K_j.transpose(-2, -1)) * scale  # recomputed, not stored
