@@ -8,15 +8,19 @@ from memlab.errors import MemlabError
 
 def test_registry_names_chapters_and_sizes():
     assert set(ex.experiments()) == {"step-memory", "trace-7b", "load-memory", "estimator-accuracy",
-                                      "mixed-precision", "fp8-matmul", "quantization", "quant-speed"}
+                                      "mixed-precision", "fp8-matmul", "quantization", "quant-speed",
+                                      "attention-memory", "attention-flops", "attention-time",
+                                      "attention-step", "gqa", "fusion-block"}
     for exp in ex.experiments().values():
         assert set(exp.sizes) == {"ci", "full"}
         assert exp.chapter.startswith("chapters/")
 
 
 def test_get_experiment_rejects_unknown_name():
-    with pytest.raises(MemlabError, match="unknown experiment 'x'; accepted: estimator-accuracy, fp8-matmul, "
-                       "load-memory, mixed-precision, quant-speed, quantization, step-memory, trace-7b"):
+    with pytest.raises(MemlabError, match="unknown experiment 'x'; accepted: attention-flops, "
+                       "attention-memory, attention-step, attention-time, estimator-accuracy, "
+                       "fp8-matmul, fusion-block, gqa, load-memory, mixed-precision, quant-speed, "
+                       "quantization, step-memory, trace-7b"):
         ex.get_experiment("x")
 
 

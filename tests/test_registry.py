@@ -20,9 +20,11 @@ from memlab.errors import MemlabError
 from memlab.results import load_record, make_record, save_record, writable_type
 
 # Cheap at ci scale on a 2-core CPU (seconds): run end to end through the CLI.
-CHEAP = ("step-memory", "trace-7b", "load-memory", "fp8-matmul", "quant-speed")
+CHEAP = ("step-memory", "trace-7b", "load-memory", "fp8-matmul", "quant-speed",
+         "attention-flops", "attention-time")
 # Minutes or tens of seconds: run end to end too, but marked slow.
-COSTLY = ("estimator-accuracy", "mixed-precision", "quantization")
+COSTLY = ("estimator-accuracy", "mixed-precision", "quantization", "attention-memory",
+          "attention-step", "gqa", "fusion-block")
 
 
 def example(tp, depth: int = 0):

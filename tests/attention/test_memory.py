@@ -7,7 +7,7 @@ import pytest
 from memlab.attention import attention_memory, fit_exponent
 from memlab.errors import MemlabError
 
-TS = (128, 256, 512)
+TS = (256, 512, 1024)
 
 
 @pytest.mark.parametrize("impl, exponent", [("naive", 2), ("sdpa-math", 2), ("flash", 1),

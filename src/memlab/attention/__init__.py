@@ -28,6 +28,7 @@ from memlab.attention.kv import (  # noqa: F401
 )
 from memlab.attention.memory import (  # noqa: F401
     IMPLS,
+    PAPER_MEMORY_REDUCTION,
     SDPA_BACKENDS,
     AttentionMemory,
     attention_memory,
@@ -42,6 +43,7 @@ from memlab.attention.sweep import (  # noqa: F401
     flop_sweep,
     memory_sweep,
     time_sweep,
+    traffic_rows,
 )
 from memlab.model.flash import (  # noqa: F401
     DEFAULT_BLOCK,

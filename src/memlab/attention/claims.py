@@ -98,8 +98,9 @@ def c21(ev: dict) -> claims.Verdict:
         f"({shape['n_head']} head of {shape['head_size']}, {shape['dtype']}): {words}; "
         f"{timing}",
         caveat_applies=holds and not everywhere,
-        caveat=(f"the memory ratio grows with T (it is about T / (2 head size) for what is "
-                f"saved): {lo}-{hi}x only at T = {', '.join(f'{T:,}' for T in in_range)}"
+        caveat=(f"the memory ratio grows in proportion to T / head size (naive attention "
+                f"keeps T x T values per head, FlashAttention about 4 x T x head size): "
+                f"{lo}-{hi}x only at T = {', '.join(f'{T:,}' for T in in_range)}"
                 + ("; the speed-up is not measured here" if speed is None else "")),
         correction="the measured ratios miss the claimed range at every length")
 

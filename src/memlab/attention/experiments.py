@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 
 from memlab.attention.fusion import FUSION_SIZES, FusionComparison
-from memlab.attention.gqa import GqaComparison
+from memlab.attention.gqa import GQA_STEPS, GqaComparison
 from memlab.attention.step import StepComparison
 from memlab.attention.sweep import FlopSweep, MemorySweep, TimeSweep
 from memlab.device import get_scale
@@ -105,7 +105,7 @@ def attention_step(scale: str | None = None) -> StepComparison:
     return _step(get_scale(scale))
 
 
-GQA_SIZES = {"ci": dict(), "full": dict()}
+GQA_SIZES = {scale: dict(steps=GQA_STEPS[scale]) for scale in ("ci", "full")}  # None: the config's
 
 
 @register("gqa", chapter=_CH4,
@@ -116,7 +116,8 @@ def gqa(scale: str | None = None) -> GqaComparison:
     """MHA vs GQA vs MQA trained on the same batches (chapter: 4)."""
     from memlab.attention.gqa import gqa_comparison
 
-    return gqa_comparison(get_scale(scale))
+    scale = get_scale(scale)
+    return gqa_comparison(scale, steps=GQA_SIZES[scale]["steps"])
 
 
 @register("fusion-block", chapter=_CH4,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from memlab.attention.flops import attention_flops
-from memlab.attention.memory import IMPLS, AttentionMemory, _attend, attention_memory, fit_exponent
+from memlab.attention.memory import IMPLS, AttentionMemory, attend, attention_memory, fit_exponent
 from memlab.device import device_name, pick_device
 from memlab.dtypes import dtype as to_dtype
 from memlab.errors import MemlabError, check_choice, check_positive_int
@@ -191,7 +191,7 @@ def time_sweep(lengths=(256, 512, 1024), *, impls=IMPLS, batch_size: int = 1, n_
                        .to(dev, dt).requires_grad_() for _ in range(3))
 
             def step(q=q, k=k, v=v, impl=impl):
-                _attend(impl, q, k, v).sum().backward()
+                attend(impl, q, k, v).sum().backward()
 
             try:
                 ms = time_ms(step, warmup=1, repeats=repeats, device=dev)
@@ -201,3 +201,24 @@ def time_sweep(lengths=(256, 512, 1024), *, impls=IMPLS, batch_size: int = 1, n_
                 continue
             out.append(TimeRow(impl, T, "measured", statistics.median(ms)))
     return TimeSweep(device_name(dev), tuple(out))
+
+
+def traffic_rows(lengths=(256, 1024, 4096, 16384), *, head_size: int = 64,
+                 sram_elements=(16384, 65536, 262144)) -> list[dict]:
+    """Elements moved per head by the standard algorithm and by the tiled forward with query blocks of M / 4d rows, beside T^2 d^2 / M (chapter: 4).
+
+    The paper's bound needs the outer loop's blocks as large as fast memory allows (M / 4d
+    rows, its B_c); this module's loop has the queries outside, so they get that size.
+    """
+    from memlab.model.flash import sram_blocks, standard_traffic, tiled_traffic
+
+    out = []
+    for M in sram_elements:
+        check_positive_int("sram_elements", M)
+        _, block_q = sram_blocks(M, head_size)
+        for T in _lengths("lengths", lengths):
+            out.append(dict(T=T, M=M, block_q=block_q,
+                            standard=standard_traffic(T, T, head_size),
+                            tiled=tiled_traffic(T, T, head_size, block_q=block_q),
+                            bound=T * T * head_size * head_size / M))
+    return out

@@ -5,6 +5,13 @@ matplotlib ``Figure``; they never measure anything themselves. Every name is re-
 here: ``import memlab.plot as mplot; mplot.loss_curves(...)``.
 """
 
+from memlab.plot.attention import (  # noqa: F401
+    IMPL_STYLE,
+    attention_in_step,
+    attention_memory,
+    tiling,
+    traffic,
+)
 from memlab.plot.measure import (  # noqa: F401
     compare_phases,
     step_breakdown,
