@@ -66,7 +66,7 @@ def _c22_activations(ev, factor):
 def _c22_cache(ev):
     ev = copy.deepcopy(ev)
     for r in ev["rows"].values():
-        r["kv_ratio"] = 1.0
+        r["cache"] = 1.0
     return ev
 
 
@@ -202,3 +202,11 @@ def test_at_least_one_claim_holds_plainly_and_none_compares_constants():
     levels = {v.claim: v.verdict for v in verdicts([c for c in CHECKS if c not in TRAINING])}
     assert HOLDS in levels.values()
     assert levels["C08"] == HOLDS  # exactly right: fp16's range and pi
+
+
+def test_c21_names_the_half_that_failed():
+    """A recorded speed-up below 2x with the memory in range is wrong for the speed half only."""
+    ev = {**CHECKS["C21"].evidence(), "memory": {2048: 12.0, 4096: 18.0},
+          "speed": {"label": "recorded", "ratios": {2048: 1.2}}}
+    v = CHECKS["C21"].decide(ev)
+    assert v.verdict == WRONG and "speed-up" in v.note and "memory ratio" not in v.note

@@ -28,7 +28,10 @@ from memlab.attention.kv import (  # noqa: F401
 )
 from memlab.attention.memory import (  # noqa: F401
     IMPLS,
-    PAPER_MEMORY_REDUCTION,
+    QUOTED_MEMORY_REDUCTION,
+    QUOTED_SHAPE,
+    QUOTED_SOURCE,
+    QUOTED_SPEEDUP,
     SDPA_BACKENDS,
     AttentionMemory,
     attention_memory,
