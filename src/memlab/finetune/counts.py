@@ -1,0 +1,57 @@
+"""Trainable parameters from a configuration alone: full, frozen, LoRA (no weights are built)."""
+
+from __future__ import annotations
+
+from memlab.errors import MemlabError, check_positive_int
+from memlab.finetune.lora import LoraConfig
+from memlab.model.transformer import ModelConfig, get_config
+
+
+def block_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int, bool]]:
+    """(in features, out features, bias) of each linear layer in one block, by module name (chapter: 5)."""
+    C, F, kv = cfg.d_model, cfg.ffn_dim, cfg.kv_heads * cfg.head_dim
+    q = cfg.n_head * cfg.head_dim
+    bias = cfg.style == "gpt2"
+    out = {"q_proj": (C, q, bias), "k_proj": (C, kv, bias), "v_proj": (C, kv, bias),
+           "o_proj": (q, C, bias)}
+    if cfg.style == "gpt2":
+        out |= {"up_proj": (C, F, True), "down_proj": (F, C, True)}
+    else:
+        out |= {"gate_proj": (C, F, False), "up_proj": (C, F, False), "down_proj": (F, C, False)}
+    return out
+
+
+def block_parameters(cfg: ModelConfig) -> int:
+    """Parameters of one block: its linear layers and its norms (chapter: 5)."""
+    lin = sum(i * o + (o if b else 0) for i, o, b in block_linear_shapes(cfg).values())
+    norms = 2 * 2 * cfg.d_model if cfg.style == "gpt2" else 2 * cfg.d_model
+    return lin + norms
+
+
+def lora_parameters(cfg: ModelConfig, lora: LoraConfig) -> int:
+    """Adapter parameters: r x (in + out) for every targeted linear of every block (chapter: 5)."""
+    shapes = block_linear_shapes(cfg)
+    if lora.target_modules != "all-linear":
+        unknown = [t for t in lora.target_modules if t not in shapes]
+        if unknown:
+            raise MemlabError(f"unknown LoRA target module {unknown[0]!r}; accepted: "
+                              f"{', '.join(shapes)}, all-linear")
+    per_block = sum(lora.r * (i + o) for name, (i, o, _) in shapes.items()
+                    if lora.selects(name))
+    return cfg.n_layer * per_block
+
+
+def trainable_parameters(model: ModelConfig | str, *, lora: LoraConfig | None = None,
+                         train_last: int | None = None) -> int:
+    """Parameters a fine-tuning set-up trains: all of them, the last ``train_last`` blocks, or LoRA's adapters (chapter: 5)."""
+    cfg = model if isinstance(model, ModelConfig) else get_config(model)
+    if lora is not None and train_last is not None:
+        raise MemlabError("choose LoRA or training the last blocks, not both")
+    if lora is not None:
+        return lora_parameters(cfg, lora)
+    if train_last is not None:
+        check_positive_int("train_last", train_last)
+        if train_last > cfg.n_layer:
+            raise MemlabError(f"train_last ({train_last}) exceeds the model's {cfg.n_layer} blocks")
+        return train_last * block_parameters(cfg)
+    return cfg.num_parameters()
