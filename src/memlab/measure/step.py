@@ -278,6 +278,9 @@ class StepSpec:
     checkpointing: bool = False  # full activation checkpointing: one saved input per block
     grad_accum_steps: int = 1  # micro-batches whose gradients add up before one optimizer step
     attention: str | None = None
+    # Applied to the built model before the step (inside the fake mode when traced): freezing,
+    # adapters, a quantized base (chapter 5). Named in ``as_dict`` by its ``name`` attribute.
+    prepare: Callable[[torch.nn.Module], object] | None = None
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -306,6 +309,8 @@ class StepSpec:
         if not isinstance(self.checkpointing, bool):
             raise MemlabError(f"checkpointing must be True or False, got {self.checkpointing!r}")
         check_positive_int("grad_accum_steps", self.grad_accum_steps)
+        if self.prepare is not None and not callable(self.prepare):
+            raise MemlabError(f"prepare must be a callable taking the model, got {self.prepare!r}")
 
     @classmethod
     def of(cls, config_or_spec, **switches) -> StepSpec:
@@ -330,6 +335,9 @@ class StepSpec:
             "checkpointing": self.checkpointing,
             "grad_accum_steps": self.grad_accum_steps,
             "attention": cfg.attention,
+            **({"prepare": getattr(self.prepare, "name", getattr(self.prepare, "__name__",
+                                                                 "custom"))}
+               if self.prepare is not None else {}),
         }
 
 
@@ -431,7 +439,21 @@ def _step_tracker():
     mt = _mem_tracker_class()
     total = mt._TOTAL_KEY
 
+    class _NoHook:
+        def remove(self) -> None:
+            pass
+
+    frozen = (_NoHook(), _NoHook())
+
     class _Tracker(mt.MemTracker):
+        def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+            # MemTracker hooks every parameter's gradient, which a frozen parameter (no
+            # requires_grad: a frozen layer, a quantized base) refuses; mark those as hooked.
+            for p in module.parameters():
+                if not p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
+                    self._param_to_grad_hook_handles[p] = frozen
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
         def _update_peak_stats(self, peak_state) -> None:
             for dev, snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(dev, 0) < snap[total]:
@@ -571,7 +593,16 @@ def _run_step(setup: StepSpec, *, device: torch.device, traced: bool, seed: int)
             start_reserved = torch.cuda.memory_reserved(device)
         with default_dtype(_PARAM_DTYPE[setup.precision]):
             model = build_model(cfg, device=device, seed=seed, checkpointing=setup.checkpointing)
-        optimizer = _make_optimizer(setup, model.parameters())
+            if setup.prepare is not None:
+                try:
+                    setup.prepare(model)
+                except RuntimeError as exc:  # e.g. bitsandbytes' 4-bit weights on fake tensors
+                    if not traced:
+                        raise
+                    raise MemlabError(f"the prepare hook cannot run on fake tensors "
+                                      f"({str(exc).splitlines()[0][:120]}); measure the step "
+                                      "instead (measure_step)") from None
+        optimizer = _make_optimizer(setup, [p for p in model.parameters() if p.requires_grad])
         gen = torch.Generator().manual_seed(seed)
         tokens = torch.randint(0, cfg.vocab_size, (2, setup.batch_size, setup.seq_len),
                                generator=gen).to(device)

@@ -428,6 +428,9 @@ def estimate(
         if batch_size is not None or seq_len is not None or mode != "train":
             raise MemlabError("a StepSpec describes a whole training step: pass no batch_size, "
                               "seq_len or mode with it")
+        if model.prepare is not None:
+            raise MemlabError("the estimator does not model a StepSpec's prepare hook; trace "
+                              "or measure that step (trace_step, measure_step)")
         spec = model
     elif mode == "inference":
         cfg = _check_inference(model, batch_size, seq_len, precision, attention)
