@@ -21,7 +21,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from memlab.errors import MemlabError
+from memlab.errors import MemlabError, check_choice
 
 
 class _Parser(argparse.ArgumentParser):
@@ -113,6 +113,18 @@ def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
                    help="sdpa (default), eager or flash (the book's own FlashAttention)")
     p.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
     p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
+    p.add_argument("--lora-rank", type=int, default=None,
+                   help="fine-tune with LoRA adapters of this rank (the base frozen)")
+    p.add_argument("--lora-alpha", type=float, default=None,
+                   help="with --lora-rank: the scale alpha (default 16; the update is x alpha/r)")
+    p.add_argument("--lora-targets", default=None,
+                   help="with --lora-rank: comma-separated module names (default q_proj,v_proj), "
+                        "or all-linear (every linear layer of the blocks)")
+    p.add_argument("--freeze", type=int, default=None, metavar="K",
+                   help="freeze everything but the last K blocks")
+    p.add_argument("--quantize-base", default=None,
+                   help="with --lora-rank: store the frozen base linears in nf4, nf4-dq, fp4 or "
+                        "int8 (QLoRA); a 4-bit base runs on real tensors only")
     if estimate:
         p.add_argument("--device", default="cuda", help="cuda (default) or cpu conventions")
         p.add_argument("--inference", action="store_true",
@@ -190,17 +202,58 @@ def _cmd_step(args, mode: str) -> int:
         return _cmd_inference(args)
     if getattr(args, "new_tokens", None) is not None or getattr(args, "kv_precision", None):
         raise MemlabError("--new-tokens and --kv-precision need --inference")
-    spec = StepSpec(get_config(args.model), batch_size=args.batch_size, seq_len=args.seq_len,
+    cfg = get_config(args.model)
+    prepare, trainable = _finetune_setup(args, cfg)
+    if prepare is not None and mode == "estimate":
+        raise MemlabError("the estimator does not model fine-tuning set-ups yet; memlab trace "
+                          "counts them (--lora-rank, --freeze)")
+    spec = StepSpec(cfg, batch_size=args.batch_size, seq_len=args.seq_len,
                     precision=args.precision or "fp32", optimizer=args.optimizer or "adamw",
                     optimizer_impl=args.optimizer_impl or "foreach",
                     checkpointing=args.checkpointing, grad_accum_steps=args.grad_accum,
-                    attention=args.attention)
+                    attention=args.attention, prepare=prepare)
     result = estimate(spec, device=args.device) if mode == "estimate" else trace_step(spec)
     if args.json:
-        print(json.dumps(_step_json(result, mode)))
+        print(json.dumps(_step_json(result, mode) | {"trainable_parameters": trainable}))
     else:
         print(result.table())
+        print(f"trainable parameters: {trainable:,}")
     return 0
+
+
+def _finetune_setup(args, cfg):
+    """The prepare hook and the trainable-parameter count of --lora-rank, --freeze, --quantize-base."""
+    from functools import partial
+
+    from memlab.finetune import LoraConfig, freeze_all_but_last, trainable_parameters
+    from memlab.finetune.lora import inject_lora
+    from memlab.finetune.qlora import BASE_SCHEMES, qlora
+
+    lora_opts = {"--lora-alpha": args.lora_alpha, "--lora-targets": args.lora_targets,
+                 "--quantize-base": args.quantize_base}
+    if args.lora_rank is None:
+        given = [k for k, v in lora_opts.items() if v is not None]
+        if given:
+            raise MemlabError(f"{given[0]} needs --lora-rank")
+        if args.freeze is None:
+            return None, trainable_parameters(cfg)
+        trainable = trainable_parameters(cfg, train_last=args.freeze)
+        hook = partial(freeze_all_but_last, k=args.freeze)
+        hook.name = f"freeze all but the last {args.freeze} blocks"
+        return hook, trainable
+    if args.freeze is not None:
+        raise MemlabError("choose --lora-rank or --freeze, not both")
+    lora = LoraConfig(r=args.lora_rank, alpha=16.0 if args.lora_alpha is None else args.lora_alpha,
+                      target_modules=args.lora_targets or ("q_proj", "v_proj"))
+    trainable = trainable_parameters(cfg, lora=lora)
+    if args.quantize_base is not None:
+        check_choice("base quantization", args.quantize_base, BASE_SCHEMES)
+        hook = partial(qlora, lora=lora, scheme=args.quantize_base)
+        hook.name = f"QLoRA r={lora.r}, base {args.quantize_base}"
+    else:
+        hook = partial(inject_lora, config=lora)
+        hook.name = f"LoRA r={lora.r} on {lora.target_modules}"
+    return hook, trainable
 
 
 def _writable_folder(out: str) -> str:

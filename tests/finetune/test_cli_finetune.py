@@ -1,0 +1,51 @@
+"""memlab trace counts fine-tuning set-ups; bad options get one line each."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memlab.cli import main
+from memlab.finetune import LoraConfig, trainable_parameters
+
+BASE = ["trace", "--model", "tiny", "--batch-size", "2", "--seq-len", "32", "--json"]
+
+
+@pytest.mark.parametrize("extra, lora, train_last", [
+    (["--lora-rank", "8"], LoraConfig(r=8), None),
+    (["--lora-rank", "4", "--lora-targets", "all-linear"],
+     LoraConfig(r=4, target_modules="all-linear"), None),
+    (["--lora-rank", "4", "--lora-targets", "q_proj,k_proj"],
+     LoraConfig(r=4, target_modules=("q_proj", "k_proj")), None),
+    (["--freeze", "1"], None, 1),
+    ([], None, None),
+])
+def test_trace_reports_trainable_parameters_and_their_gradients(capsys, extra, lora, train_last):
+    assert main(BASE + extra) == 0
+    out = json.loads(capsys.readouterr().out)
+    n = trainable_parameters("tiny", lora=lora, train_last=train_last)
+    assert out["trainable_parameters"] == n
+    assert out["gradients_bytes"] == 4 * n  # fp32: every trainable parameter's gradient, only
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--lora-rank", "0"], "LoRA rank r must be a positive integer, got 0"),
+    (["--lora-rank", "4", "--lora-targets", "qkv"], "unknown LoRA target module 'qkv'"),
+    (["--lora-alpha", "8"], "--lora-alpha needs --lora-rank"),
+    (["--lora-rank", "4", "--freeze", "1"], "not both"),
+    (["--freeze", "3"], "exceeds the model's 2 blocks"),
+    (["--lora-rank", "4", "--quantize-base", "gptq-4"], "unknown base quantization 'gptq-4'"),
+    (["--lora-rank", "4", "--quantize-base", "nf4"], "cannot run on fake tensors"),
+])
+def test_bad_fine_tuning_options_are_one_line(capsys, extra, message):
+    assert main(BASE + extra) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_estimator_says_it_does_not_model_fine_tuning_yet(capsys):
+    args = ["estimate", "--model", "tiny", "--batch-size", "2", "--seq-len", "32",
+            "--lora-rank", "8"]
+    assert main(args) == 2
+    assert "memlab trace counts them" in capsys.readouterr().err
