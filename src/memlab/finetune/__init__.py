@@ -3,6 +3,14 @@
 The pieces live in this folder's modules; their public names are re-exported here.
 """
 
+from memlab.finetune.compare import (  # noqa: F401
+    SETUPS,
+    FinetuneComparison,
+    Setup,
+    SetupResult,
+    finetune_comparison,
+    shifted,
+)
 from memlab.finetune.counts import (  # noqa: F401
     block_linear_shapes,
     block_parameters,

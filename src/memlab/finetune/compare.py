@@ -1,0 +1,139 @@
+"""Fine-tuning set-ups side by side on the book's model: memory, time, trainable parameters, quality.
+
+The chapter 3 model (trained on one Markov chain) is fine-tuned on a new chain of the same family
+(:func:`shifted`), so that fine-tuning has something to learn. Every set-up starts from the same
+weights and sees the same batches for the same number of steps; quality is the held-out loss on
+the new chain, paired against full fine-tuning as in chapter 3.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass, replace
+
+import torch.nn as nn
+
+from memlab.device import get_scale, pick_device
+from memlab.errors import MemlabError, check_choice, check_positive_int
+from memlab.finetune.freeze import count_trainable, freeze_all_but_last
+from memlab.finetune.lora import LoraConfig, inject_lora
+from memlab.finetune.qlora import qlora
+from memlab.measure.step import StepSpec, measure_step
+from memlab.model.lm import (
+    LMConfig,
+    Quality,
+    config_for,
+    evaluate,
+    paired_delta,
+    reference_model,
+    train_lm,
+)
+from memlab.results import kept_on_disk
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One way to fine-tune: what trains, and how the base is stored (chapter: 5)."""
+
+    name: str
+    lora: LoraConfig | None = None
+    train_last: int | None = None
+    quantize_base: str | None = None  # a bitsandbytes scheme for the frozen base (QLoRA)
+
+    def prepare(self, model: nn.Module) -> None:
+        """Freeze, add adapters or quantize ``model`` in place, as this set-up says."""
+        if self.quantize_base is not None:
+            qlora(model, self.lora, self.quantize_base)
+        elif self.lora is not None:
+            inject_lora(model, self.lora)
+        elif self.train_last is not None:
+            freeze_all_but_last(model, self.train_last)
+
+
+SETUPS = (
+    Setup("full"),
+    Setup("last block", train_last=1),
+    Setup("LoRA q,v r=4", lora=LoraConfig(r=4, alpha=8)),
+    Setup("LoRA q,v r=16", lora=LoraConfig(r=16, alpha=32)),
+    Setup("LoRA all r=8", lora=LoraConfig(r=8, alpha=16, target_modules="all-linear")),
+    Setup("QLoRA q,v r=8", lora=LoraConfig(r=8, alpha=16), quantize_base="nf4-dq"),
+)
+STEPS = {"ci": 40, "full": 600}  # fine-tuning steps per set-up
+
+
+@dataclass(frozen=True)
+class SetupResult:
+    """One set-up, measured on the book's model (chapter: 5)."""
+
+    name: str
+    trainable_parameters: int
+    peak_bytes: int  # one training step on this device, measured
+    categories: dict[str, int]  # bytes by category at the step's peak
+    step_ms: float  # mean time per fine-tuning step
+    quality: Quality  # held-out on the new chain
+    delta_loss: float  # held-out loss minus full fine-tuning's, nats
+    delta_se: float  # paired standard error
+
+
+@dataclass(frozen=True)
+class FinetuneComparison:
+    """Every set-up, from the same start, on the same batches (chapter: 5)."""
+
+    config: LMConfig  # the new chain's config
+    steps: int
+    device: str
+    start_loss: float  # the chapter 3 model's held-out loss on the new chain, before fine-tuning
+    rows: tuple[SetupResult, ...]
+
+    def row(self, name: str) -> SetupResult:
+        """The result of the set-up called ``name``."""
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise MemlabError(f"unknown set-up {name!r}; accepted: "
+                          + ", ".join(r.name for r in self.rows))
+
+
+def shifted(cfg: LMConfig) -> LMConfig:
+    """The same family of language, a new chain: the fine-tuning task (chapter: 5)."""
+    return replace(cfg, seed=cfg.seed + 1)
+
+
+def finetune_comparison(scale: str | None = None, *, config: LMConfig | None = None,
+                        steps: int | None = None, setups=None, device=None) -> FinetuneComparison:
+    """Fine-tune the chapter 3 model on a new chain with each set-up; memory, time and quality (chapter: 5)."""
+    scale = get_scale(scale)
+    cfg = config_for(scale, config)
+    steps = check_positive_int("steps", steps if steps is not None else STEPS[scale])
+    names = [s.name for s in SETUPS]
+    chosen = tuple(SETUPS) if setups is None else tuple(
+        SETUPS[names.index(check_choice("set-up", n, names))] for n in setups)
+    if chosen[0].name != "full":
+        chosen = (SETUPS[0], *chosen)  # the reference of the paired differences
+    return _comparison(cfg, steps, chosen, str(pick_device(device)))
+
+
+@functools.cache
+@kept_on_disk
+def _comparison(cfg: LMConfig, steps: int, setups: tuple[Setup, ...],
+                device: str) -> FinetuneComparison:
+    start = reference_model(config=cfg, device=device)
+    new = shifted(cfg)
+    start_q = evaluate(start.model, new, device=device)
+    rows, ref_q = [], None
+    for s in setups:
+        model = copy.deepcopy(start.model)
+        s.prepare(model)
+        run = train_lm(new, model=model, steps=steps, device=device)
+        q = evaluate(run.model, new, device=device)
+        ref_q = ref_q or q
+        d, se = paired_delta(q, ref_q) if s.name != "full" else (0.0, float("nan"))
+        mem = measure_step(StepSpec(cfg.model_config(), batch_size=cfg.batch_size,
+                                    seq_len=cfg.seq_len, prepare=s.prepare), device=device)
+        rows.append(SetupResult(s.name, count_trainable(run.model), mem.peak_bytes,
+                                {k: getattr(mem, f"{k}_bytes") for k in
+                                 ("parameters", "gradients", "optimizer_states", "activations",
+                                  "temporaries", "other")},
+                                1e3 * run.train_s / steps, q, d, se))
+    return FinetuneComparison(new, steps, device, start_q.loss, tuple(rows))

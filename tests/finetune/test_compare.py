@@ -1,0 +1,47 @@
+"""Fine-tuning set-ups compared on the book's model, from the same start on the same batches."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from memlab.errors import MemlabError
+from memlab.finetune import LoraConfig, finetune_comparison, trainable_parameters
+from memlab.model.lm import TINY_LM
+from memlab.results import writable_type
+
+pytest.importorskip("bitsandbytes")
+
+
+@pytest.fixture(scope="module")
+def comp():
+    return finetune_comparison(config=TINY_LM, steps=6, device="cpu",
+                               setups=("full", "last block", "LoRA q,v r=4", "QLoRA q,v r=8"))
+
+
+def test_rows_trainable_counts_and_paired_differences(comp):
+    cfg = TINY_LM.model_config()
+    assert [r.name for r in comp.rows] == ["full", "last block", "LoRA q,v r=4", "QLoRA q,v r=8"]
+    assert comp.row("full").trainable_parameters == cfg.num_parameters()
+    assert comp.row("last block").trainable_parameters == trainable_parameters(cfg, train_last=1)
+    assert comp.row("LoRA q,v r=4").trainable_parameters == trainable_parameters(
+        cfg, lora=LoraConfig(r=4))
+    assert comp.row("full").delta_loss == 0 and math.isnan(comp.row("full").delta_se)
+    assert all(r.delta_se > 0 for r in comp.rows[1:])
+
+
+def test_memory_falls_with_what_trains(comp):
+    full, lora = comp.row("full"), comp.row("LoRA q,v r=4")
+    assert lora.categories["optimizer_states"] < full.categories["optimizer_states"]
+    assert lora.peak_bytes < full.peak_bytes
+    qlora = comp.row("QLoRA q,v r=8")
+    assert qlora.categories["parameters"] < lora.categories["parameters"]  # the 4-bit base
+
+
+def test_the_result_is_storable_and_bad_names_are_refused(comp):
+    writable_type(type(comp))
+    with pytest.raises(MemlabError, match="unknown set-up 'lora'"):
+        comp.row("lora")
+    with pytest.raises(MemlabError, match="unknown set-up"):
+        finetune_comparison(config=TINY_LM, steps=1, setups=("nope",))
