@@ -160,3 +160,23 @@ def test_bad_input_is_one_line(call, match):
 def test_comma_separated_targets_as_the_cli_spells_them():
     assert LoraConfig(target_modules="q_proj, v_proj").target_modules == ("q_proj", "v_proj")
     assert dataclasses.replace(LoraConfig(), r=2).scaling == 8.0
+
+
+def test_adapters_stay_fp32_on_a_bf16_base_as_peft_keeps_them():
+    lora = LoraConfig(r=4, alpha=8)
+    ours = build_model(TINY, seed=0).to(torch.bfloat16)
+    layers = inject_lora(ours, lora)
+    g = torch.Generator().manual_seed(2)
+    for m in layers.values():
+        m.lora_B.weight.data = torch.randn(m.lora_B.weight.shape, generator=g) * 0.1
+    pm = peft.get_peft_model(build_model(TINY, seed=0).to(torch.bfloat16),
+                             peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    for name, m in layers.items():
+        layer = pm.base_model.model.get_submodule(name)
+        assert layer.lora_A["default"].weight.dtype == m.lora_A.weight.dtype == torch.float32
+        layer.lora_A["default"].weight.data.copy_(m.lora_A.weight)
+        layer.lora_B["default"].weight.data.copy_(m.lora_B.weight)
+    x = _x()
+    a, b = ours(x), pm(x)
+    assert a.dtype == torch.bfloat16
+    torch.testing.assert_close(a, b)

@@ -35,3 +35,4 @@ from memlab.finetune.lora import (  # noqa: F401
     unmerge_lora,
 )
 from memlab.finetune.qlora import BASE_SCHEMES, qlora, quantize_base  # noqa: F401
+from memlab.finetune.reference import ReferenceCheck, reference_check  # noqa: F401

@@ -77,10 +77,11 @@ class LoraLinear(nn.Module):
         out_features, in_features = base.out_features, base.in_features  # a 4-bit weight is packed
         self.base = base
         self.r, self.scaling = r, alpha / r
-        dev, dt = base.weight.device, base.weight.dtype
-        dt = dt if dt.is_floating_point else torch.float32  # a quantized base: fp32 adapters
-        self.lora_A = nn.Linear(in_features, r, bias=False, device=dev, dtype=dt)
-        self.lora_B = nn.Linear(r, out_features, bias=False, device=dev, dtype=dt)
+        dev = base.weight.device
+        # Adapters in fp32 whatever the base's format (16-bit, 4-bit), as peft keeps them
+        # (get_peft_model's autocast_adapter_dtype): small, and updated in full precision.
+        self.lora_A = nn.Linear(in_features, r, bias=False, device=dev, dtype=torch.float32)
+        self.lora_B = nn.Linear(r, out_features, bias=False, device=dev, dtype=torch.float32)
         nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))  # as nn.Linear and peft
         nn.init.zeros_(self.lora_B.weight)  # the update starts at zero
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
@@ -97,7 +98,8 @@ class LoraLinear(nn.Module):
         y = self.base(x)  # (..., out)
         if self.merged or self.disabled:
             return y
-        return y + self.lora_B(self.lora_A(self.dropout(x))) * self.scaling
+        a = self.lora_A(self.dropout(x.to(self.lora_A.weight.dtype)))  # (..., r)
+        return (y + self.lora_B(a) * self.scaling).to(y.dtype)  # added in fp32, as peft adds
 
     @torch.no_grad()
     def merge(self) -> None:
@@ -156,11 +158,14 @@ def unmerge_lora(model: nn.Module) -> None:
 def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
     """Run the base model: every adapter off inside the block, as peft's ``disable_adapter`` (chapter: 5)."""
     layers = list(lora_layers(model).values())
-    before = [m.disabled for m in layers]
+    before = [(m.disabled, m.merged) for m in layers]
     for m in layers:
+        m.unmerge()  # a merged update is in the base weight: take it out first, as peft does
         m.disabled = True
     try:
         yield model
     finally:
-        for m, b in zip(layers, before, strict=True):
-            m.disabled = b
+        for m, (disabled, merged) in zip(layers, before, strict=True):
+            m.disabled = disabled
+            if merged:
+                m.merge()

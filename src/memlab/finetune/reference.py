@@ -1,0 +1,43 @@
+"""The reference model for free: a LoRA model with its adapters off is the base model.
+
+Preference tuning (RLHF's KL penalty, DPO) needs the outputs of the model before tuning beside
+the model being tuned. With adapters, switching them off gives those outputs from the same
+weights; :func:`reference_check` measures that they are the same logits, bit for bit, and the
+bytes a second copy of the base would have cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from memlab.finetune.lora import adapters_disabled, lora_layers
+
+
+@dataclass(frozen=True)
+class ReferenceCheck:
+    """Adapters off against the base model: the same logits, and the bytes a copy would take (chapter: 5)."""
+
+    identical: bool  # torch.equal on the logits
+    max_abs_diff: float
+    tuned_differs: bool  # the adapters on do change the logits (the check could fail)
+    second_copy_bytes: int  # every parameter of the base, as stored
+    adapter_bytes: int  # what the adapters add
+
+
+@torch.no_grad()
+def reference_check(tuned: nn.Module, base: nn.Module, idx: torch.Tensor) -> ReferenceCheck:
+    """Logits of ``tuned`` with its adapters off against ``base``'s, and the bytes a second copy costs (chapter: 5)."""
+    with adapters_disabled(tuned):
+        off = tuned(idx)
+    ref = base(idx)
+    on = tuned(idx)
+    adapters = {id(p) for m in lora_layers(tuned).values()
+                for p in (*m.lora_A.parameters(), *m.lora_B.parameters())}
+    adapter_bytes = sum(p.numel() * p.element_size() for p in tuned.parameters()
+                        if id(p) in adapters)
+    copy = sum(p.numel() * p.element_size() for p in base.parameters())
+    return ReferenceCheck(bool(torch.equal(off, ref)), float((off - ref).abs().max()),
+                          not torch.equal(on, ref), copy, adapter_bytes)
