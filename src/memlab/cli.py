@@ -237,12 +237,17 @@ def _finetune_setup(args, cfg):
             raise MemlabError(f"{given[0]} needs --lora-rank")
         if args.freeze is None:
             return None, trainable_parameters(cfg)
+        if isinstance(args.freeze, int) and args.freeze <= 0:
+            raise MemlabError(f"--freeze needs a positive number of blocks to keep trainable, "
+                              f"got {args.freeze}")
         trainable = trainable_parameters(cfg, train_last=args.freeze)
         hook = partial(freeze_all_but_last, k=args.freeze)
         hook.name = f"freeze all but the last {args.freeze} blocks"
         return hook, trainable
     if args.freeze is not None:
         raise MemlabError("choose --lora-rank or --freeze, not both")
+    if args.lora_targets is not None and not args.lora_targets.strip():
+        raise MemlabError("--lora-targets needs module names (q_proj,v_proj) or all-linear")
     lora = LoraConfig(r=args.lora_rank, alpha=16.0 if args.lora_alpha is None else args.lora_alpha,
                       target_modules=args.lora_targets or ("q_proj", "v_proj"))
     trainable = trainable_parameters(cfg, lora=lora)

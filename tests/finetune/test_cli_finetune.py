@@ -35,8 +35,10 @@ def test_trace_reports_trainable_parameters_and_their_gradients(capsys, extra, l
     (["--lora-alpha", "8"], "--lora-alpha needs --lora-rank"),
     (["--lora-rank", "4", "--freeze", "1"], "not both"),
     (["--freeze", "3"], "exceeds the model's 2 blocks"),
+    (["--freeze", "0"], "--freeze needs a positive number"),
+    (["--lora-rank", "4", "--lora-targets", " "], "--lora-targets needs module names"),
     (["--lora-rank", "4", "--quantize-base", "gptq-4"], "unknown base quantization 'gptq-4'"),
-    (["--lora-rank", "4", "--quantize-base", "nf4"], "cannot run on fake tensors"),
+    (["--lora-rank", "4", "--quantize-base", "nf4"], "tensor subclasses that fake"),
 ])
 def test_bad_fine_tuning_options_are_one_line(capsys, extra, message):
     assert main(BASE + extra) == 2

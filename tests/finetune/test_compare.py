@@ -45,3 +45,17 @@ def test_the_result_is_storable_and_bad_names_are_refused(comp):
         comp.row("lora")
     with pytest.raises(MemlabError, match="unknown set-up"):
         finetune_comparison(config=TINY_LM, steps=1, setups=("nope",))
+
+
+def test_setups_name_themselves_in_the_step_and_refuse_bad_combinations():
+    from memlab.finetune import SETUPS, Setup
+    from memlab.measure.step import StepSpec
+
+    spec = StepSpec(TINY_LM.model_config(), batch_size=2, seq_len=8, prepare=SETUPS[2])
+    assert spec.as_dict()["prepare"] == SETUPS[2].name
+    with pytest.raises(MemlabError, match="needs LoRA"):
+        Setup("x", quantize_base="nf4")
+    with pytest.raises(MemlabError, match="not both"):
+        Setup("x", lora=LoraConfig(), train_last=1)
+    with pytest.raises(MemlabError, match="at least one set-up"):
+        finetune_comparison(config=TINY_LM, steps=1, setups=())

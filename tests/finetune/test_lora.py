@@ -180,3 +180,25 @@ def test_adapters_stay_fp32_on_a_bf16_base_as_peft_keeps_them():
     a, b = ours(x), pm(x)
     assert a.dtype == torch.bfloat16
     torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: LoraConfig(alpha=float("inf")), "alpha"),
+    (lambda: LoraConfig(target_modules=5), "target_modules"),
+    (lambda: trainable_parameters(TINY, lora="q_proj"), "LoraConfig"),
+    (lambda: inject_lora(_ours(TINY, LoraConfig(r=2)), LoraConfig(r=2)), "adapters already"),
+])
+def test_more_bad_input_is_one_line(call, match):
+    with pytest.raises(MemlabError, match=match) as e:
+        call()
+    assert "\n" not in str(e.value)
+
+
+def test_all_linear_with_spaces_and_freeze_prefixes():
+    from memlab.finetune import freeze_all_but
+
+    assert LoraConfig(target_modules=" all-linear ").target_modules == "all-linear"
+    model = build_model(TINY, seed=0)
+    assert freeze_all_but(model, "lm_head") == TINY.vocab_size * TINY.d_model
+    with pytest.raises(MemlabError, match="at least one module"):
+        freeze_all_but(model, [])

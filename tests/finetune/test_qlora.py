@@ -58,3 +58,13 @@ def test_a_base_quantization_the_layers_cannot_take_is_refused():
     with pytest.raises(MemlabError, match="unknown base quantization 'gptq-4'") as e:
         quantize_base(build_model(TINY), "gptq-4")
     assert "\n" not in str(e.value)
+
+
+def test_merging_into_a_quantized_base_is_refused_in_one_line():
+    from memlab.finetune import merge_lora
+
+    model = build_model(TINY, seed=0)
+    qlora(model, LoraConfig(r=4))
+    with pytest.raises(MemlabError, match="cannot merge into a quantized base") as e:
+        merge_lora(model)
+    assert "\n" not in str(e.value)

@@ -41,8 +41,18 @@ class Setup:
     train_last: int | None = None
     quantize_base: str | None = None  # a bitsandbytes scheme for the frozen base (QLoRA)
 
+    def __post_init__(self) -> None:
+        if self.quantize_base is not None and self.lora is None:
+            raise MemlabError(f"set-up {self.name!r}: a quantized base needs LoRA adapters")
+        if self.lora is not None and self.train_last is not None:
+            raise MemlabError(f"set-up {self.name!r}: choose LoRA or the last blocks, not both")
+
+    def __call__(self, model: nn.Module) -> None:
+        """Freeze, add adapters or quantize ``model`` in place, as this set-up says (chapter: 5)."""
+        self.prepare(model)
+
     def prepare(self, model: nn.Module) -> None:
-        """Freeze, add adapters or quantize ``model`` in place, as this set-up says."""
+        """Freeze, add adapters or quantize ``model`` in place, as this set-up says (chapter: 5)."""
         if self.quantize_base is not None:
             qlora(model, self.lora, self.quantize_base)
         elif self.lora is not None:
@@ -87,7 +97,7 @@ class FinetuneComparison:
     rows: tuple[SetupResult, ...]
 
     def row(self, name: str) -> SetupResult:
-        """The result of the set-up called ``name``."""
+        """The result of the set-up called ``name`` (chapter: 5)."""
         for r in self.rows:
             if r.name == name:
                 return r
@@ -107,10 +117,14 @@ def finetune_comparison(scale: str | None = None, *, config: LMConfig | None = N
     cfg = config_for(scale, config)
     steps = check_positive_int("steps", steps if steps is not None else STEPS[scale])
     names = [s.name for s in SETUPS]
+    if isinstance(setups, str):
+        setups = (setups,)
     chosen = tuple(SETUPS) if setups is None else tuple(
-        SETUPS[names.index(check_choice("set-up", n, names))] for n in setups)
-    if chosen[0].name != "full":
-        chosen = (SETUPS[0], *chosen)  # the reference of the paired differences
+        SETUPS[names.index(check_choice("set-up", n, names))] for n in dict.fromkeys(setups))
+    if not chosen:
+        raise MemlabError(f"name at least one set-up; accepted: {', '.join(names)}")
+    if chosen[0].name != "full":  # the reference of the paired differences, first and once
+        chosen = (SETUPS[0], *(s for s in chosen if s.name != "full"))
     return _comparison(cfg, steps, chosen, str(pick_device(device)))
 
 
@@ -130,7 +144,7 @@ def _comparison(cfg: LMConfig, steps: int, setups: tuple[Setup, ...],
         ref_q = ref_q or q
         d, se = paired_delta(q, ref_q) if s.name != "full" else (0.0, float("nan"))
         mem = measure_step(StepSpec(cfg.model_config(), batch_size=cfg.batch_size,
-                                    seq_len=cfg.seq_len, prepare=s.prepare), device=device)
+                                    seq_len=cfg.seq_len, prepare=s), device=device)
         rows.append(SetupResult(s.name, count_trainable(run.model), mem.peak_bytes,
                                 {k: getattr(mem, f"{k}_bytes") for k in
                                  ("parameters", "gradients", "optimizer_states", "activations",

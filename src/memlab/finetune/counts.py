@@ -45,6 +45,8 @@ def trainable_parameters(model: ModelConfig | str, *, lora: LoraConfig | None = 
                          train_last: int | None = None) -> int:
     """Parameters a fine-tuning set-up trains: all of them, the last ``train_last`` blocks, or LoRA's adapters (chapter: 5)."""
     cfg = model if isinstance(model, ModelConfig) else get_config(model)
+    if lora is not None and not isinstance(lora, LoraConfig):
+        raise MemlabError(f"lora must be a LoraConfig, got {type(lora).__name__}")
     if lora is not None and train_last is not None:
         raise MemlabError("choose LoRA or training the last blocks, not both")
     if lora is not None:

@@ -19,7 +19,9 @@ def count_trainable(model: nn.Module) -> int:
 
 def freeze_all_but(model: nn.Module, prefixes) -> int:
     """Freeze every parameter whose qualified name does not start with one of ``prefixes``; returns the trainable count (chapter: 5)."""
-    prefixes = tuple(prefixes)
+    prefixes = (prefixes,) if isinstance(prefixes, str) else tuple(prefixes)
+    if not prefixes:
+        raise MemlabError("name at least one module to keep trainable")
     names = [n for n, _ in model.named_parameters()]
     for pre in prefixes:
         if not any(n == pre or n.startswith(pre + ".") for n in names):
@@ -33,6 +35,8 @@ def freeze_all_but(model: nn.Module, prefixes) -> int:
 def freeze_all_but_last(model: nn.Module, k: int) -> int:
     """Train only the last ``k`` blocks; everything else frozen; returns the trainable count (chapter: 5)."""
     check_positive_int("k", k)
+    if not hasattr(model, "blocks"):
+        raise MemlabError(f"expected a memlab Transformer with .blocks, got {type(model).__name__}")
     n = len(model.blocks)
     if k > n:
         raise MemlabError(f"k ({k}) exceeds the model's {n} blocks")

@@ -36,17 +36,21 @@ class LoraConfig:
     def __post_init__(self) -> None:
         check_positive_int("LoRA rank r", self.r)
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) \
-                or not self.alpha > 0:
+                or not 0 < self.alpha < math.inf:
             raise MemlabError(f"LoRA alpha must be a positive number, got {self.alpha!r}")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) \
                 or not 0 <= self.dropout < 1:
             raise MemlabError(f"LoRA dropout must be in [0, 1), got {self.dropout!r}")
         targets = self.target_modules
         if isinstance(targets, str):
-            if targets != ALL_LINEAR:
+            if targets.strip() == ALL_LINEAR:
+                targets = ALL_LINEAR
+            else:  # the command line's spelling: comma-separated names
                 targets = tuple(t.strip() for t in targets.split(",") if t.strip())
-        else:
+        elif isinstance(targets, (list, tuple)):
             targets = tuple(targets)
+        else:
+            targets = ()
         if not targets or (not isinstance(targets, str)
                            and not all(isinstance(t, str) and t for t in targets)):
             raise MemlabError(f"LoRA target_modules must name module names or {ALL_LINEAR!r}, "
@@ -59,7 +63,7 @@ class LoraConfig:
         return self.alpha / self.r
 
     def selects(self, name: str) -> bool:
-        """Whether the block linear at qualified ``name`` gets an adapter (its last name part is matched)."""
+        """Whether the block linear at qualified ``name`` gets an adapter, matched on its last name part (chapter: 5)."""
         return self.target_modules == ALL_LINEAR or name.rsplit(".", 1)[-1] in self.target_modules
 
 
@@ -74,6 +78,7 @@ class LoraLinear(nn.Module):
 
     def __init__(self, base: nn.Module, r: int, alpha: float, dropout: float = 0.0):
         super().__init__()
+        LoraConfig(r=r, alpha=alpha, dropout=dropout)  # the same checks, one line each
         out_features, in_features = base.out_features, base.in_features  # a 4-bit weight is packed
         self.base = base
         self.r, self.scaling = r, alpha / r
@@ -91,7 +96,7 @@ class LoraLinear(nn.Module):
             p.requires_grad_(False)
 
     def delta_weight(self) -> torch.Tensor:
-        """B A * scaling, the update as an (out, in) matrix."""
+        """B A * scaling, the update as an (out, in) matrix, fp32 (chapter: 5)."""
         return (self.lora_B.weight @ self.lora_A.weight) * self.scaling
 
     def forward(self, x):
@@ -104,6 +109,10 @@ class LoraLinear(nn.Module):
     @torch.no_grad()
     def merge(self) -> None:
         """Fold the update into the base weight (chapter: 5)."""
+        if not self.base.weight.dtype.is_floating_point:
+            raise MemlabError(f"cannot merge into a quantized base ({type(self.base).__name__}, "
+                              f"{self.base.weight.dtype}): dequantize it first, or keep the "
+                              "adapters separate")
         if not self.merged:
             self.base.weight += self.delta_weight().to(self.base.weight.dtype)
             self.merged = True
@@ -125,6 +134,8 @@ def inject_lora(model: nn.Module, config: LoraConfig) -> dict[str, LoraLinear]:
     """Freeze the model and wrap every targeted block linear in a :class:`LoraLinear`; returns them by name (chapter: 5)."""
     if not isinstance(config, LoraConfig):
         raise MemlabError(f"config must be a LoraConfig, got {type(config).__name__}")
+    if lora_layers(model):
+        raise MemlabError("the model has LoRA adapters already: inject into a fresh model")
     linears = block_linears(model)
     available = sorted({n.rsplit(".", 1)[-1] for n in linears})
     if config.target_modules != ALL_LINEAR:

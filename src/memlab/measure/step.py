@@ -599,9 +599,12 @@ def _run_step(setup: StepSpec, *, device: torch.device, traced: bool, seed: int)
                 except RuntimeError as exc:  # e.g. bitsandbytes' 4-bit weights on fake tensors
                     if not traced:
                         raise
-                    raise MemlabError(f"the prepare hook cannot run on fake tensors "
-                                      f"({str(exc).splitlines()[0][:120]}); measure the step "
-                                      "instead (measure_step)") from None
+                    if "Tensor subclass" not in str(exc):
+                        raise
+                    raise MemlabError("the prepare hook makes tensor subclasses that fake "
+                                      "tensors cannot stand in for (bitsandbytes' quantized "
+                                      "weights): measure the step on real tensors instead "
+                                      "(measure_step)") from None
         optimizer = _make_optimizer(setup, [p for p in model.parameters() if p.requires_grad])
         gen = torch.Generator().manual_seed(seed)
         tokens = torch.randint(0, cfg.vocab_size, (2, setup.batch_size, setup.seq_len),
