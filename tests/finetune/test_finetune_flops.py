@@ -17,8 +17,11 @@ def x():
 
 
 def test_full_training_backward_is_twice_the_forward(x):
-    f = step_flops(build_model(TINY, seed=0), x)
+    eager = get_config("tiny", attention="eager")  # matmuls only: no fused kernel recomputing
+    f = step_flops(build_model(eager, seed=0), x)
     assert f.backward == 2 * f.forward  # input and weight gradients of every matmul
+    sdpa = step_flops(build_model(TINY, seed=0), x)  # SDPA counted, its backward recomputes
+    assert sdpa.forward == f.forward and sdpa.backward > f.backward
 
 
 def test_freezing_drops_weight_gradients_and_the_layers_below(x):

@@ -5,11 +5,7 @@ The kernel itself lives with the model that calls it (:mod:`memlab.model.flash`,
 ``attention="flash"``); the measuring pieces live in this folder. Public names are re-exported here.
 """
 
-from memlab.attention.flops import (  # noqa: F401
-    CPU_SDPA_OPS,
-    attention_flops,
-    register_cpu_sdpa_flops,
-)
+from memlab.attention.flops import attention_flops  # noqa: F401
 from memlab.attention.fusion import (  # noqa: F401
     FUSION_SIZES,
     FusionComparison,
@@ -48,6 +44,7 @@ from memlab.attention.sweep import (  # noqa: F401
     time_sweep,
     traffic_rows,
 )
+from memlab.measure.flops import CPU_SDPA_OPS, register_cpu_sdpa_flops  # noqa: F401
 from memlab.model.flash import (  # noqa: F401
     DEFAULT_BLOCK,
     FlashAttention,

@@ -35,6 +35,9 @@ def step_flops(model: nn.Module, idx: torch.Tensor) -> StepFlops:
     """FLOPs of the forward and of the backward of ``model(idx)``'s squared-mean loss (chapter: 5)."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    from memlab.measure.flops import register_cpu_sdpa_flops
+
+    register_cpu_sdpa_flops()  # else the CPU's attention kernel counts 0
     with FlopCounterMode(display=False) as fwd:
         loss = model(idx).float().pow(2).mean()
     with FlopCounterMode(display=False) as bwd:
