@@ -89,33 +89,29 @@ class FusionComparison:
         """Whether the compiled block was measured (chapter: 4)."""
         return self.status == MEASURED
 
+    def _ratio(self, eager: float, compiled: float | None) -> float | None:
+        """eager / compiled, or None where nothing compiled was measured."""
+        return eager / compiled if self.compiled and compiled else None
+
     @property
     def speedup(self) -> float | None:
         """Eager time per step / compiled time per step; above 1 means compiled is faster (chapter: 4)."""
-        if not self.compiled or not self.compiled_step_ms:
-            return None
-        return self.eager_step_ms / self.compiled_step_ms
+        return self._ratio(self.eager_step_ms, self.compiled_step_ms)
 
     @property
     def kernel_ratio(self) -> float | None:
         """Eager kernels / compiled kernels per step: how many launches fusion removed, as a factor (chapter: 4)."""
-        if not self.compiled or not self.compiled_kernels:
-            return None
-        return self.eager_kernels / self.compiled_kernels
+        return self._ratio(self.eager_kernels, self.compiled_kernels)
 
     @property
     def saved_ratio(self) -> float | None:
         """Eager / compiled bytes saved for backward (chapter: 4)."""
-        if not self.compiled or not self.compiled_saved_bytes:
-            return None
-        return self.eager_saved_bytes / self.compiled_saved_bytes
+        return self._ratio(self.eager_saved_bytes, self.compiled_saved_bytes)
 
     @property
     def peak_ratio(self) -> float | None:
         """Eager / compiled peak bytes of one step (chapter: 4)."""
-        if not self.compiled or not self.compiled_peak_bytes:
-            return None
-        return self.eager_peak_bytes / self.compiled_peak_bytes
+        return self._ratio(self.eager_peak_bytes, self.compiled_peak_bytes)
 
     def table(self) -> str:
         """Eager and compiled side by side, one row per quantity, as text (chapter: 4)."""
