@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from memlab.attention.memory import saved_storage_bytes
 from memlab.device import pick_device
 from memlab.dtypes import dtype as to_dtype
 from memlab.errors import MemlabError, check_choice, check_positive_int
@@ -280,22 +281,6 @@ def is_generated(name: str) -> bool:
 
 
 # Bytes saved for backward ---------------------------------------------------------------------------
-def saved_intermediate_bytes(fn: Callable[[], object], exclude=()) -> int:
-    """Bytes of the tensors autograd saves for backward during ``fn()``, each storage once, those of ``exclude`` left out (chapter: 4)."""
-    skip = {t.untyped_storage().data_ptr() for t in exclude}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in skip:
-            seen[st.data_ptr()] = st.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(seen.values())
-
-
 # The comparison -------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _fresh_compile_caches():
@@ -383,7 +368,7 @@ def fusion_comparison(
     for _ in range(warmup):
         eager()
     eager_names = count_kernels(eager, dev)
-    eager_saved = saved_intermediate_bytes(forward(block), fixed)
+    eager_saved = saved_storage_bytes(forward(block), fixed)
     _, eager_peak = measure_peak(eager, device=dev)
 
     compiler, status = compile_backend(dev) if compile_block else (
@@ -412,7 +397,7 @@ def fusion_comparison(
                 for _ in range(warmup):
                     compiled()
                 compiled_names = count_kernels(compiled, dev)
-                compiled_saved = saved_intermediate_bytes(forward(compiled_block), fixed)
+                compiled_saved = saved_storage_bytes(forward(compiled_block), fixed)
                 # measure_peak runs fn under torch.device(dev), a function mode that dynamo
                 # guards on: the first call compiles the block once more (from the caches
                 # filled above), the second one is measured.

@@ -61,22 +61,29 @@ def attend(impl: str, q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=g > 1)
 
 
-def saved_bytes(impl: str, q, k, v) -> int:
-    """Bytes autograd saves for backward in one attention call, each storage counted once (chapter: 4)."""
-    check_choice("attention implementation", impl, IMPLS)
-    seen, total = set(), 0
+def saved_storage_bytes(fn, exclude=()) -> int:
+    """Bytes of the tensors autograd saves for backward during ``fn()``, each storage once, those of ``exclude`` left out (chapter: 4).
 
-    def pack(t):  # one storage saved under two shapes (a tensor and its view) counts once
-        nonlocal total
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
+    One storage saved under two shapes (a tensor and its view) counts once.
+    """
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip:
+            seen[st.data_ptr()] = st.nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        attend(impl, q, k, v)
-    return total
+        fn()
+    return sum(seen.values())
+
+
+def saved_bytes(impl: str, q, k, v) -> int:
+    """Bytes autograd saves for backward in one attention call, each storage counted once (chapter: 4)."""
+    check_choice("attention implementation", impl, IMPLS)
+    return saved_storage_bytes(lambda: attend(impl, q, k, v))
 
 
 def attention_memory(impl: str, T: int, *, batch_size: int = 1, n_head: int = 8,
