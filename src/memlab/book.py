@@ -29,6 +29,7 @@ PARTS = (
     Part("precision", "chapters/02_number_formats", "lab02", "Number formats"),
     Part("quant", "chapters/03_quantization", "lab03", "Quantization"),
     Part("attention", "chapters/04_attention", "lab04", "Attention"),
+    Part("finetune", "chapters/05_finetuning", "lab05", "Fine-tuning with less memory"),
 )
 
 

@@ -194,8 +194,8 @@ def _cmd_inference(args) -> int:
 
 
 def _cmd_step(args, mode: str) -> int:
+    from memlab.finetune.estimate import estimate_finetune
     from memlab.measure.step import StepSpec, trace_step
-    from memlab.memory.training import estimate
     from memlab.model.transformer import get_config
 
     if getattr(args, "inference", False):
@@ -204,15 +204,13 @@ def _cmd_step(args, mode: str) -> int:
         raise MemlabError("--new-tokens and --kv-precision need --inference")
     cfg = get_config(args.model)
     prepare, trainable = _finetune_setup(args, cfg)
-    if prepare is not None and mode == "estimate":
-        raise MemlabError("the estimator does not model fine-tuning set-ups yet; memlab trace "
-                          "counts them (--lora-rank, --freeze)")
     spec = StepSpec(cfg, batch_size=args.batch_size, seq_len=args.seq_len,
                     precision=args.precision or "fp32", optimizer=args.optimizer or "adamw",
                     optimizer_impl=args.optimizer_impl or "foreach",
                     checkpointing=args.checkpointing, grad_accum_steps=args.grad_accum,
                     attention=args.attention, prepare=prepare)
-    result = estimate(spec, device=args.device) if mode == "estimate" else trace_step(spec)
+    result = (estimate_finetune(spec, device=args.device) if mode == "estimate"
+              else trace_step(spec))
     if args.json:
         print(json.dumps(_step_json(result, mode) | {"trainable_parameters": trainable}))
     else:
@@ -222,12 +220,9 @@ def _cmd_step(args, mode: str) -> int:
 
 
 def _finetune_setup(args, cfg):
-    """The prepare hook and the trainable-parameter count of --lora-rank, --freeze, --quantize-base."""
-    from functools import partial
-
-    from memlab.finetune import LoraConfig, freeze_all_but_last, trainable_parameters
-    from memlab.finetune.lora import inject_lora
-    from memlab.finetune.qlora import BASE_SCHEMES, qlora
+    """The set-up (a prepare hook) and the trainable-parameter count of --lora-rank, --freeze, --quantize-base."""
+    from memlab.finetune import LoraConfig, Setup, trainable_parameters
+    from memlab.finetune.qlora import BASE_SCHEMES
 
     lora_opts = {"--lora-alpha": args.lora_alpha, "--lora-targets": args.lora_targets,
                  "--quantize-base": args.quantize_base}
@@ -241,9 +236,8 @@ def _finetune_setup(args, cfg):
             raise MemlabError(f"--freeze needs a positive number of blocks to keep trainable, "
                               f"got {args.freeze}")
         trainable = trainable_parameters(cfg, train_last=args.freeze)
-        hook = partial(freeze_all_but_last, k=args.freeze)
-        hook.name = f"freeze all but the last {args.freeze} blocks"
-        return hook, trainable
+        return Setup(f"freeze all but the last {args.freeze} blocks",
+                     train_last=args.freeze), trainable
     if args.freeze is not None:
         raise MemlabError("choose --lora-rank or --freeze, not both")
     if args.lora_targets is not None and not args.lora_targets.strip():
@@ -253,12 +247,9 @@ def _finetune_setup(args, cfg):
     trainable = trainable_parameters(cfg, lora=lora)
     if args.quantize_base is not None:
         check_choice("base quantization", args.quantize_base, BASE_SCHEMES)
-        hook = partial(qlora, lora=lora, scheme=args.quantize_base)
-        hook.name = f"QLoRA r={lora.r}, base {args.quantize_base}"
-    else:
-        hook = partial(inject_lora, config=lora)
-        hook.name = f"LoRA r={lora.r} on {lora.target_modules}"
-    return hook, trainable
+        return Setup(f"QLoRA r={lora.r}, base {args.quantize_base}", lora=lora,
+                     quantize_base=args.quantize_base), trainable
+    return Setup(f"LoRA r={lora.r} on {lora.target_modules}", lora=lora), trainable
 
 
 def _writable_folder(out: str) -> str:

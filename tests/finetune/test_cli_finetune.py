@@ -46,8 +46,25 @@ def test_bad_fine_tuning_options_are_one_line(capsys, extra, message):
     assert message in err and len(err.strip().splitlines()) == 1
 
 
-def test_the_estimator_says_it_does_not_model_fine_tuning_yet(capsys):
-    args = ["estimate", "--model", "tiny", "--batch-size", "2", "--seq-len", "32",
-            "--lora-rank", "8"]
-    assert main(args) == 2
-    assert "memlab trace counts them" in capsys.readouterr().err
+@pytest.mark.parametrize("extra", [["--lora-rank", "8"], ["--freeze", "1"],
+                                   ["--lora-rank", "4", "--quantize-base", "nf4-dq"]])
+def test_estimate_takes_the_same_fine_tuning_options(capsys, extra):
+    args = ["estimate", "--model", "tiny", "--batch-size", "2", "--seq-len", "32", "--json"]
+    assert main(args + extra) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["trainable_parameters"] == out["setup"]["trainable_parameters"] > 0
+    assert out["gradients_bytes"] == 4 * out["trainable_parameters"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--lora-rank", "0"], "LoRA rank r must be a positive integer, got 0"),
+    (["--lora-rank", "4", "--lora-targets", "qkv"], "unknown LoRA target module 'qkv'"),
+    (["--lora-rank", "4", "--quantize-base", "int4"], "unknown base quantization 'int4'"),
+    (["--quantize-base", "nf4"], "--quantize-base needs --lora-rank"),
+    (["--freeze", "5"], "exceeds the model's 2 blocks"),
+])
+def test_estimate_refuses_bad_fine_tuning_options_in_one_line(capsys, extra, message):
+    args = ["estimate", "--model", "tiny", "--batch-size", "2", "--seq-len", "32"]
+    assert main(args + extra) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

@@ -28,17 +28,20 @@ def block_parameters(cfg: ModelConfig) -> int:
     return lin + norms
 
 
-def lora_parameters(cfg: ModelConfig, lora: LoraConfig) -> int:
-    """Adapter parameters: r x (in + out) for every targeted linear of every block (chapter: 5)."""
+def adapted_linears(cfg: ModelConfig, lora: LoraConfig) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each linear of a block that LoRA adapts, by name; an unknown target is refused (chapter: 5)."""
     shapes = block_linear_shapes(cfg)
     if lora.target_modules != "all-linear":
         unknown = [t for t in lora.target_modules if t not in shapes]
         if unknown:
             raise MemlabError(f"unknown LoRA target module {unknown[0]!r}; accepted: "
                               f"{', '.join(shapes)}, all-linear")
-    per_block = sum(lora.r * (i + o) for name, (i, o, _) in shapes.items()
-                    if lora.selects(name))
-    return cfg.n_layer * per_block
+    return {name: (i, o) for name, (i, o, _) in shapes.items() if lora.selects(name)}
+
+
+def lora_parameters(cfg: ModelConfig, lora: LoraConfig) -> int:
+    """Adapter parameters: r x (in + out) for every targeted linear of every block (chapter: 5)."""
+    return cfg.n_layer * sum(lora.r * (i + o) for i, o in adapted_linears(cfg, lora).values())
 
 
 def trainable_parameters(model: ModelConfig | str, *, lora: LoraConfig | None = None,

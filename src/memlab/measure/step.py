@@ -426,6 +426,18 @@ def _mem_tracker_class():
     return mem_tracker
 
 
+def _quant_state_tensors(p: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors of a bitsandbytes 4-bit weight's quant_state: absmax (and, nested, its own
+    absmax and offset); none for any other tensor."""
+    qs = getattr(p, "quant_state", None)
+    if qs is None:
+        return []
+    out = [qs.absmax]
+    if getattr(qs, "nested", False):
+        out += [qs.state2.absmax, qs.offset]
+    return [t for t in out if isinstance(t, torch.Tensor)]
+
+
 def _step_tracker():
     """A MemTracker that keeps only the step-wide peak, and can restart it per phase.
 
@@ -452,6 +464,10 @@ def _step_tracker():
             for p in module.parameters():
                 if not p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
                     self._param_to_grad_hook_handles[p] = frozen
+                # A 4-bit weight's block scales live on its quant_state, outside any module:
+                # they are part of the stored weight, so they count as parameters.
+                for t in _quant_state_tensors(p):
+                    self._update_and_maybe_create_winfos(t, mt._MemRefType.PARAM)
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
         def _update_peak_stats(self, peak_state) -> None:

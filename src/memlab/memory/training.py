@@ -146,8 +146,14 @@ def _linear_weight_numel(cfg: ModelConfig) -> int:
 def optimizer_state_bytes(cfg: ModelConfig, precision: str, optimizer: str,
                           optimizer_impl: str = "foreach", device: str = "cuda") -> int:
     """Bytes of the optimizer's persistent state for a model (chapter: 1)."""
-    pb = PARAM_BYTES[precision]
-    tensors = _param_tensors(cfg)
+    return state_bytes(_param_tensors(cfg), PARAM_BYTES[precision], optimizer, optimizer_impl,
+                       device)
+
+
+def state_bytes(tensors: list[tuple[int, int]], param_bytes: int, optimizer: str,
+                optimizer_impl: str = "foreach", device: str = "cuda") -> int:
+    """Optimizer-state bytes for trainable tensors given as (elements, how many), each ``param_bytes`` wide (chapters: 1, 5)."""
+    pb = param_bytes
     n = sum(t * k for t, k in tensors)
     if optimizer in ("adamw", "adam"):
         # Two moments in the parameters' dtype, plus one fp32 step counter per tensor, which
@@ -180,13 +186,18 @@ def optimizer_step_scratch_bytes(cfg: ModelConfig, precision: str, optimizer: st
     parameter-sized scratch list; the for-loop version holds two of the largest tensor;
     fused kernels and SGD update in place.
     """
-    if optimizer not in ("adamw", "adam") or optimizer_impl == "fused":
+    return step_scratch_bytes(_param_tensors(cfg), PARAM_BYTES[precision], optimizer,
+                              optimizer_impl)
+
+
+def step_scratch_bytes(tensors: list[tuple[int, int]], param_bytes: int, optimizer: str,
+                       optimizer_impl: str) -> int:
+    """:func:`optimizer_step_scratch_bytes` for trainable tensors given as (elements, how many) (chapters: 1, 5)."""
+    if optimizer not in ("adamw", "adam") or optimizer_impl == "fused" or not tensors:
         return 0
-    pb = PARAM_BYTES[precision]
-    tensors = _param_tensors(cfg)
     if optimizer_impl == "foreach":
-        return pb * sum(t * k for t, k in tensors)
-    return 2 * pb * max(t for t, _ in tensors)
+        return param_bytes * sum(t * k for t, k in tensors)
+    return 2 * param_bytes * max(t for t, _ in tensors)
 
 
 # Activations -------------------------------------------------------------------------------
@@ -456,12 +467,8 @@ def estimate(
                           checkpointing=checkpointing, device=device)
     A = activation_bytes(saved, cfg.n_layer)
     tokens = 2 * BT * 8  # input ids and targets, int64
-    # With accumulation, the gradients of earlier micro-batches stay alive through the
-    # forward and backward passes of the next ones.
-    G_live = G if grad_accum_steps > 1 else 0
-    base = P + S + G_live + tokens
     accumulating = grad_accum_steps > 1
-    fwd, bwd = _activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumulating)
+    fwd, bwd = activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumulating)
     # A tied embedding gets two gradients (head and lookup); autograd holds the first until the
     # second arrives and adds them: three (V, C) tensors at the very end of the backward pass.
     # When gradients accumulate, the embedding's new gradient (V, C) is a temporary added into
@@ -474,10 +481,32 @@ def estimate(
     I_step = optimizer_step_scratch_bytes(cfg, precision, optimizer, optimizer_impl)
     if optimizer == "adamw-8bit":
         I_step = 0
+    return step_estimate(
+        parameters=n, P=P, G=G, S=S, A=A, tokens=tokens, fwd=fwd, bwd=bwd, end=end,
+        scratch=I_step, accumulating=accumulating, saved=saved,
+        setup=dict(model=cfg.name, parameters=n, batch_size=B, seq_len=T, precision=precision,
+                   optimizer=optimizer, optimizer_impl=optimizer_impl, attention=cfg.attention,
+                   checkpointing=checkpointing, grad_accum_steps=grad_accum_steps, mode=mode,
+                   new_tokens=0, device=device))
+
+
+def step_estimate(*, parameters: int, P: int, G: int, S: int, A: int, tokens: int, fwd: int,
+                  bwd: int, end: int, scratch: int, accumulating: bool, saved, setup: dict
+                  ) -> MemoryEstimate:
+    """A training step's estimate from its parts: the three phases, their peak and categories (chapters: 1, 5).
+
+    P, G, S, A: bytes of parameters, gradients, optimizer states and saved activations; ``fwd``
+    and ``bwd`` the activation side at the forward's and the backward's highest points; ``end``
+    the bytes when the backward finishes; ``scratch`` the optimizer step's temporaries.
+    """
+    # With accumulation, the gradients of earlier micro-batches stay alive through the
+    # forward and backward passes of the next ones.
+    G_live = G if accumulating else 0
+    base = P + S + G_live + tokens
     phases = {
         "forward": base + fwd,
         "backward": max(base + bwd, end),
-        "optimizer": P + S + G + I_step + tokens,
+        "optimizer": P + S + G + scratch + tokens,
     }
     peak_phase = max(PHASES, key=lambda p: phases[p])
 
@@ -495,24 +524,11 @@ def estimate(
         "optimizer": cats(G, 0, phases["optimizer"]),
     }
     return MemoryEstimate(
-        parameters=n,
-        weights_bytes=P,
-        gradients_bytes=G,
-        optimizer_bytes=S,
-        activations_bytes=A,
-        temporaries_bytes=breakdown[peak_phase]["temporaries"],
-        kv_cache_bytes=0,
-        other_bytes=tokens,
-        peak_bytes=phases[peak_phase],
-        peak_phase=peak_phase,
-        phase_peak_bytes=phases,
-        setup=dict(model=cfg.name, parameters=n, batch_size=B, seq_len=T, precision=precision,
-                   optimizer=optimizer, optimizer_impl=optimizer_impl, attention=cfg.attention,
-                   checkpointing=checkpointing, grad_accum_steps=grad_accum_steps, mode=mode,
-                   new_tokens=0, device=device),
-        phase_breakdown=breakdown,
-        saved=tuple(saved),
-    )
+        parameters=parameters, weights_bytes=P, gradients_bytes=G, optimizer_bytes=S,
+        activations_bytes=A, temporaries_bytes=breakdown[peak_phase]["temporaries"],
+        kv_cache_bytes=0, other_bytes=tokens, peak_bytes=phases[peak_phase],
+        peak_phase=peak_phase, phase_peak_bytes=phases, setup=setup,
+        phase_breakdown=breakdown, saved=tuple(saved))
 
 
 def _block_param_grad_bytes(cfg: ModelConfig, precision: str) -> tuple[int, int]:
@@ -535,7 +551,7 @@ def _stage(t: SavedTensor) -> str:
         return "attention norm"
     if t.name.startswith("MLP norm"):
         return "MLP norm"
-    return "MLP" if t.name in _MLP_NAMES else "attention"
+    return "MLP" if t.name in _MLP_NAMES or t.name.startswith("MLP") else "attention"
 
 
 def _grads_done_in_block(cfg: ModelConfig, precision: str) -> dict[str, tuple[int, int]]:
@@ -561,8 +577,21 @@ def _grads_done_in_block(cfg: ModelConfig, precision: str) -> dict[str, tuple[in
     }
 
 
-def _activation_peaks(cfg, saved, B, T, precision, checkpointing, device,
-                      accumulating=False) -> tuple[int, int]:
+@dataclass(frozen=True)
+class BackwardGrads:
+    """What a backward walk needs to know of the gradients: bytes per block and for the head,
+    the largest single gradient, and by stage inside a block (gradients done, casts alive)."""
+
+    block: int
+    head: int
+    largest: int
+    in_block: dict[str, tuple[int, int]]
+
+
+def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumulating=False, *,
+                     block: list[SavedTensor] | None = None, layers: int | None = None,
+                     grads: BackwardGrads | None = None,
+                     checkpoint_casts: int | None = None) -> tuple[int, int]:
     """Activation-side bytes at the forward and the backward pass's highest points.
 
     Forward: everything saved, plus the logits (and their fp32 copy) while the loss is
@@ -576,20 +605,30 @@ def _activation_peaks(cfg, saved, B, T, precision, checkpointing, device,
     """
     V, C = cfg.vocab_size, cfg.d_model
     BT = B * T
-    L = cfg.n_layer
+    L = cfg.n_layer if layers is None else layers  # the blocks that save tensors
     cb, sb = COMPUTE_BYTES[precision], PARAM_BYTES[precision]
     model_level = sum(t.bytes for t in saved if t.scope == "model")
     stored_block = [t for t in saved if t.scope == "layer"]
-    A = activation_bytes(saved, L)
+    # Scope 'lowest': the lowest block gradients reach, when it saves less than the others
+    # (fine-tuning: no gradient flows into a frozen embedding).
+    lowest = [t for t in saved if t.scope == "lowest"]
+    A = activation_bytes(saved, L - 1 if lowest else L)
     # The full (recomputed) block: what a non-checkpointed block saves.
-    block = (_llama_block if cfg.style == "llama" else _gpt2_block)(cfg, B, T, precision, device)
+    if block is None:
+        block = (_llama_block if cfg.style == "llama" else _gpt2_block)(cfg, B, T, precision,
+                                                                         device)
     block_bytes = sum(t.bytes for t in block)
+    lowest_bytes = sum(t.bytes for t in lowest) if lowest else block_bytes
+
+    def blocks_below(layer: int) -> int:  # bytes saved by the blocks under ``layer``
+        return 0 if layer <= 0 else lowest_bytes + (layer - 1) * block_bytes
 
     # Forward.
     logits_live = BT * V * cb + (BT * V * 4 if cb != 4 else 0)
     fwd = A + logits_live
     if checkpointing and precision.endswith("-mixed"):
-        fwd += L * 2 * _linear_weight_numel(cfg)
+        fwd += (L * 2 * _linear_weight_numel(cfg) if checkpoint_casts is None
+                else checkpoint_casts)
     softmax_at = None  # (bytes of the block saved up to its softmax, bytes of the scores)
     if cfg.attention == "eager":
         before = 0
@@ -601,24 +640,26 @@ def _activation_peaks(cfg, saved, B, T, precision, checkpointing, device,
     stored = sum(t.bytes for t in stored_block)
     if softmax_at is not None:
         # The last block's softmax, with its masked-scores input alive beside it.
-        below = L * stored if checkpointing else (L - 1) * block_bytes
+        below = L * stored if checkpointing else blocks_below(L - 1)
         fwd = max(fwd, model_level + below + softmax_at[0] + softmax_at[1])
 
     # Backward.
     bwd = A + 2 * BT * V * 4  # start: the fp32 gradients of log-softmax's output and input
-    G_block, G_head = _block_param_grad_bytes(cfg, precision)
-    in_block = _grads_done_in_block(cfg, precision)
-    fresh_grad = PARAM_BYTES[precision] * max(_param_groups(cfg)[1])
+    if grads is None:
+        G_block, G_head = _block_param_grad_bytes(cfg, precision)
+        grads = BackwardGrads(G_block, G_head, PARAM_BYTES[precision] * max(_param_groups(cfg)[1]),
+                              _grads_done_in_block(cfg, precision))
+    G_block, G_head, in_block, fresh_grad = grads.block, grads.head, grads.in_block, grads.largest
     dx = BT * C * sb  # gradient of the residual stream
     for layer in (L - 1, 0):  # the walk is linear in the layer index: its ends bound it
         # Accumulated gradients are added into .grad in place (counted in the base): only the
         # largest new weight gradient is alive at a time.
         done = fresh_grad if accumulating else G_head + (L - 1 - layer) * G_block
-        below = (layer + 1) * stored if checkpointing else layer * block_bytes
+        below = (layer + 1) * stored if checkpointing else blocks_below(layer)
         if checkpointing and softmax_at is not None:  # the recomputed forward's softmax
             bwd = max(bwd, model_level + below + softmax_at[0] + softmax_at[1] + done + dx)
         prefix = 0
-        for t in block:
+        for t in (lowest if lowest and layer == 0 and not checkpointing else block):
             stage = _stage(t)
             if stage == "casts":  # freed one Linear at a time: counted per stage below
                 continue
@@ -633,6 +674,9 @@ def _activation_peaks(cfg, saved, B, T, precision, checkpointing, device,
             consumer_grad = BT * C * cb if t.name in _LINEAR_INPUTS else t.bytes
             if cfg.attention == "flash" and t.name == "attention logsumexp":
                 consumer_grad = flash_backward_workspace(cfg, B, T, precision) - t.bytes
+            elif t.name == "up projection":
+                # The product's backward returns the gradients of both factors at once.
+                consumer_grad = 2 * t.bytes
             alive = (model_level + below + prefix + casts_alive + done + grads_done + dx + d_out
                      + t.bytes + consumer_grad)
             bwd = max(bwd, alive)

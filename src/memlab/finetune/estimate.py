@@ -1,0 +1,311 @@
+"""The estimator of chapter 1, taught fine-tuning: frozen blocks, LoRA adapters, a quantized base.
+
+What changes when the base is frozen, tensor by tensor:
+
+* **Weights.** Every base weight is still stored (in its stored format: the parameters' dtype,
+  or 4-bit codes with their block scales for a quantized base), plus the adapters in fp32, as
+  peft keeps them.
+* **Gradients and optimizer states** exist only for what trains: the last blocks, or the
+  adapters (fp32, so Adam keeps two fp32 moments per adapter weight).
+* **Activations.** PyTorch saves a tensor only if a gradient will need it. A frozen linear
+  layer keeps no copy of its input (that copy serves only its weight's gradient), and a frozen
+  norm keeps no normalized input; but gradients still flow back through every block below the
+  first adapter, so everything their input gradients need is saved. An adapted linear keeps its
+  input again (for A's gradient), cast to 16 bits under autocast and to fp32 in pure bf16, once
+  per adapter, plus the (B, T, r) output of A. Blocks below the last ``k`` trained blocks save
+  nothing when only those train.
+
+Held to :func:`memlab.measure.step.trace_step` with the set-up as its ``prepare`` hook (full,
+frozen, LoRA) and, for a quantized base, to :func:`memlab.measure.step.measure_step` on the book's
+model (chapter 5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from memlab.errors import MemlabError, check_choice, check_positive_int
+from memlab.finetune.counts import adapted_linears, block_linear_shapes, trainable_parameters
+from memlab.finetune.lora import LoraConfig
+from memlab.finetune.qlora import BASE_SCHEMES
+from memlab.measure.step import StepSpec
+from memlab.memory.training import (
+    DEVICES,
+    PARAM_BYTES,
+    BackwardGrads,
+    MemoryEstimate,
+    SavedTensor,
+    _grads_done_in_block,
+    _param_groups,
+    activation_bytes,
+    activation_peaks,
+    estimate,
+    saved_tensors,
+    state_bytes,
+    step_estimate,
+    step_scratch_bytes,
+)
+from memlab.model.transformer import ModelConfig, get_config
+
+NF4_BLOCK = 64  # bitsandbytes' 4-bit block: one absmax per 64 weights
+DQ_BLOCK = 256  # double quantization: one fp32 absmax per 256 8-bit absmax values
+ADAPTER_BYTES = 4  # peft keeps adapters in fp32 (autocast_adapter_dtype), so does memlab
+
+# Saved tensors that are a linear layer's input, kept only for that layer's weight gradient:
+# the block linears that consume them.
+_INPUT_OF = {
+    "attention norm: output": ("q_proj", "k_proj", "v_proj"),
+    "attention output, heads merged (a copy)": ("o_proj",),
+    "attention output, heads merged (a view)": ("o_proj",),
+    "silu(gate) * up": ("down_proj",),
+    "GELU output": ("down_proj",),
+}
+
+
+def quantized_weight_bytes(in_features: int, out_features: int, scheme: str) -> int:
+    """Bytes bitsandbytes stores for one (out x in) weight in ``scheme``: codes and scales (chapter: 5).
+
+    NF4 and FP4 pack two codes per byte with one fp32 absmax per 64 weights; ``nf4-dq`` stores
+    those absmax values in 8 bits with one fp32 absmax per 256 of them and one fp32 offset;
+    int8 keeps one byte per weight and one fp32 scale per output row.
+    """
+    check_choice("base quantization", scheme, BASE_SCHEMES)
+    n = in_features * out_features
+    if scheme == "int8":
+        return n + 4 * out_features
+    blocks = -(-n // NF4_BLOCK)
+    if scheme == "nf4-dq":
+        return -(-n // 2) + blocks + 4 * -(-blocks // DQ_BLOCK) + 4
+    return -(-n // 2) + 4 * blocks
+
+
+def base_weight_bytes(model: ModelConfig | str, precision: str = "bf16-mixed",
+                      quantize_base: str | None = None) -> int:
+    """Bytes of the frozen base as stored: the parameters' dtype, or quantized block linears beside the rest (chapter: 5)."""
+    cfg = model if isinstance(model, ModelConfig) else get_config(model)
+    check_choice("precision", precision, tuple(PARAM_BYTES))
+    pb = PARAM_BYTES[precision]
+    n = cfg.num_parameters()
+    if quantize_base is None:
+        return pb * n
+    shapes = block_linear_shapes(cfg).values()
+    linear = cfg.n_layer * sum(i * o for i, o, _ in shapes)
+    quant = cfg.n_layer * sum(quantized_weight_bytes(i, o, quantize_base) for i, o, _ in shapes)
+    return pb * (n - linear) + quant
+
+
+def _consumers(cfg: ModelConfig, name: str) -> tuple[str, ...]:
+    """The block linears whose input a saved tensor is, () if it is no linear's input."""
+    if name.startswith("MLP norm: output"):
+        return ("gate_proj", "up_proj") if cfg.style == "llama" else ("up_proj",)
+    if name.startswith("attention norm: output"):
+        return _INPUT_OF["attention norm: output"]
+    return _INPUT_OF.get(name, ())
+
+
+def _frozen_head(head: list[SavedTensor]) -> list[SavedTensor]:
+    """The final norm and head with a frozen LM head: no copy of its input, no normalized x."""
+    return [t for t in head if not (t.name.startswith("final norm: normalized x")
+                                    or t.name.startswith("final norm: output"))]
+
+
+_GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
+
+
+def _group(name: str) -> int:
+    """Forward-order index of a block linear's input group: q/k/v 0, o 1, gate/up 2, down 3."""
+    return next(g for g, names in enumerate(_GROUPS) if name in names)
+
+
+def _lora_block(cfg: ModelConfig, block: list[SavedTensor], B: int, T: int, precision: str,
+                lora: LoraConfig, quantized: bool, device: str,
+                lowest: bool = False) -> list[SavedTensor]:
+    """One block with a frozen base and adapters.
+
+    In the ``lowest`` block reached by gradients, nothing before the first adapter needs a
+    gradient: those tensors are not saved, nor the weight casts of frozen linears whose input
+    needs none, nor the dropout mask of an adapter whose input needs none.
+    """
+    BT = B * T
+    mixed = precision.endswith("-mixed")
+    half = "fp16" if precision == "fp16-mixed" else "bf16"
+    targets = adapted_linears(cfg, lora)
+    shapes = block_linear_shapes(cfg)
+    in_bytes = 2 if mixed else 4  # an adapter's saved input: autocast's 16-bit cast, or fp32
+    shared = precision == "fp32" and lora.dropout == 0  # fp32: one saved input for all siblings
+    mid = 2 if mixed else 4  # A's output (B, T, r)
+    # Dropout acts on the fp32 copy of the input: CUDA keeps a bool mask, the CPU kernel an
+    # fp32 one (input * noise).
+    mask, mask_dt = (1, "bool") if device == "cuda" else (4, "fp32")
+    first = min((_group(u) for u in targets), default=len(_GROUPS))
+
+    def flowing(group: int) -> bool:  # does the input of this group's linears need a gradient?
+        return not lowest or group > first
+
+    if not any(_consumers(cfg, t.name) == ("o_proj",) for t in block):
+        # The kernel wrote its output as (B, T, nh, hs): o_proj's input is a view of it, which
+        # an adapter on o_proj keeps (no new bytes in fp32, a cast copy otherwise).
+        at = next(i for i, t in enumerate(block) if t.name.startswith("MLP norm"))
+        block = [*block[:at], SavedTensor("attention output, heads merged (a view)", "layer",
+                                          "(B, T, C)", "-", 0), *block[at:]]
+    out: list[SavedTensor] = []
+    group = -1  # the last input group passed
+    for t in block:
+        if "normalized x" in t.name:  # only the frozen norm weight's gradient needed it
+            continue
+        if t.name.startswith("Linear weights cast"):
+            frozen = 0 if quantized else 2 * sum(i * o for n, (i, o, _) in shapes.items()
+                                                 if flowing(_group(n)))
+            adapters = 2 * sum(lora.r * (i + o) for i, o in targets.values())
+            out.append(replace(t, name="Linear weights cast to 16 bits (frozen base and adapters)",
+                               bytes=frozen + adapters))
+            continue
+        users = _consumers(cfg, t.name)
+        if not users:
+            if flowing(group + 1):  # made after the last input passed: saved once a gradient flows
+                out.append(t)
+            continue
+        group = _group(users[0])
+        adapted = [u for u in users if u in targets]
+        if shared and adapted and t.bytes:
+            out.append(t)  # the same tensor, now kept for A's gradient
+        stage = "MLP" if group >= 2 else "attention"
+        for u in adapted:
+            i, _ = targets[u]
+            if not shared:
+                dtype = half if mixed else "fp32"
+                out.append(SavedTensor(f"{stage} adapter {u}: its input ({dtype} copy)", "layer",
+                                       "(B, T, in)", dtype, BT * i * in_bytes))
+            if lora.dropout > 0 and flowing(group):
+                out.append(SavedTensor(f"{stage} adapter {u}: dropout mask", "layer",
+                                       "(B, T, in)", mask_dt, BT * i * mask))
+            out.append(SavedTensor(f"{stage} adapter {u}: A's output", "layer", "(B, T, r)",
+                                   half if mixed else "fp32", BT * lora.r * mid))
+    return out
+
+
+def _first_trained_block(cfg: ModelConfig, block: list[SavedTensor]) -> list[SavedTensor]:
+    """The lowest block gradients reach: its input (the frozen embedding's output, or a frozen
+    block's) needs no gradient, so an RMSNorm keeps only what its own weight's gradient needs."""
+    drop = ("attention norm: input", "attention norm: 1/rms")
+    if cfg.style == "gpt2" or not any(t.name.startswith(drop) for t in block):
+        return block  # LayerNorm keeps its input and statistics for its own weights
+    return [t for t in block if not t.name.startswith(drop)]
+
+
+def _check_setup(cfg, lora, train_last, quantize_base):
+    if lora is not None and not isinstance(lora, LoraConfig):
+        raise MemlabError(f"lora must be a LoraConfig, got {type(lora).__name__}")
+    if quantize_base is not None:
+        check_choice("base quantization", quantize_base, BASE_SCHEMES)
+        if lora is None:
+            raise MemlabError("a quantized base needs LoRA adapters (a LoRA rank)")
+    if train_last is not None:
+        check_positive_int("freeze (blocks left to train)", train_last)
+        if train_last > cfg.n_layer:
+            raise MemlabError(f"freeze: {train_last} blocks to train exceeds the model's "
+                              f"{cfg.n_layer} blocks")
+        if lora is not None:
+            raise MemlabError("choose LoRA or training the last blocks, not both")
+    if lora is not None:
+        adapted_linears(cfg, lora)
+
+
+def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig | None = None,
+                      train_last: int | None = None, quantize_base: str | None = None,
+                      device: str = "cuda", **switches) -> MemoryEstimate:
+    """Estimate a fine-tuning step's bytes by category and phase: full, last blocks, LoRA or QLoRA (chapter: 5).
+
+    ``model`` is a preset name or config with the switches of a
+    :class:`~memlab.measure.step.StepSpec` (``batch_size``, ``seq_len``, ``precision``, ...), or a
+    spec whose ``prepare`` is a :class:`memlab.finetune.Setup`, whose set-up is then used. With
+    no set-up this is :func:`memlab.memory.estimate`.
+    """
+    check_choice("device", device, DEVICES)
+    spec = StepSpec.of(model, **switches)
+    s = spec.prepare
+    if s is not None:
+        if not all(hasattr(s, a) for a in ("lora", "train_last", "quantize_base")):
+            raise MemlabError("the estimator models the set-ups of memlab.finetune.Setup; "
+                              "trace or measure another prepare hook")
+        if (lora, train_last, quantize_base) != (None, None, None):
+            raise MemlabError("pass the set-up in the StepSpec's prepare or as lora, train_last "
+                              "and quantize_base, not both")
+        lora, train_last, quantize_base = s.lora, s.train_last, s.quantize_base
+        spec = replace(spec, prepare=None)
+    cfg = spec.config
+    _check_setup(cfg, lora, train_last, quantize_base)
+    full = estimate(spec, device=device)
+    if lora is None and train_last is None:
+        return replace(full, setup={**full.setup, "trainable_parameters": full.parameters})
+    B, T, precision = spec.batch_size, spec.seq_len, spec.precision
+    optimizer, optimizer_impl = spec.optimizer, spec.optimizer_impl
+    ckpt, accumulating = spec.checkpointing, spec.grad_accum_steps > 1
+    pb = PARAM_BYTES[precision]
+    BT = B * T
+
+    everything = saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision, device=device)
+    model_level = [t for t in everything if t.scope == "model"]
+    block = everything_block = [t for t in everything if t.scope == "layer"]
+    head = _frozen_head([t for t in everything if t.scope == "head"])
+    model_level = [t for t in model_level if not t.name.startswith("positions")]  # frozen pos_emb
+    ckpt_input = [t for t in saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision,
+                                           checkpointing=True, device=device)
+                  if t.scope == "layer"]
+    in_block = _grads_done_in_block(cfg, precision)
+    _, block_tensors, _ = _param_groups(cfg)
+
+    if lora is not None:
+        targets = adapted_linears(cfg, lora)
+        layers = cfg.n_layer
+        block = _lora_block(cfg, block, B, T, precision, lora, quantize_base is not None,
+                            device)
+        tensors = [(lora.r * i, layers) for i, _ in targets.values()] + \
+                  [(o * lora.r, layers) for _, o in targets.values()]
+        trained_pb = ADAPTER_BYTES
+        weights = base_weight_bytes(cfg, precision, quantize_base) + \
+            ADAPTER_BYTES * trainable_parameters(cfg, lora=lora)
+        casts = 0 if quantize_base else 1
+        in_block = {k: (0, casts * c) for k, (_, c) in in_block.items()}
+        g_block = ADAPTER_BYTES * sum(lora.r * (i + o) for i, o in targets.values())
+        ckpt_casts = layers * 2 * sum(lora.r * (i + o) for i, o in targets.values())
+    else:
+        layers = train_last
+        tensors = [(t, layers) for t in block_tensors]
+        trained_pb = pb
+        weights = pb * cfg.num_parameters()
+        g_block = pb * sum(block_tensors)
+        ckpt_casts = layers * 2 * sum(i * o for i, o, _ in block_linear_shapes(cfg).values())
+    trainable = trainable_parameters(cfg, lora=lora, train_last=train_last)
+    # No gradient flows into the frozen embedding: the lowest block saves less.
+    first = (_first_trained_block(cfg, block) if lora is None else
+             _lora_block(cfg, everything_block, B, T, precision, lora, quantize_base is not None,
+                         device, lowest=True))
+    if ckpt:
+        saved = model_level + ckpt_input + head
+    elif first == block:
+        saved = model_level + block + head
+    else:  # the lowest block gradients reach saves less: its own list, once
+        saved = model_level + [replace(t, scope="lowest") for t in first] + block + head
+    P = weights
+    G = trained_pb * sum(t * k for t, k in tensors)
+    S = state_bytes(tensors, trained_pb, optimizer, optimizer_impl, device)
+    scratch = 0 if optimizer == "adamw-8bit" else step_scratch_bytes(tensors, trained_pb,
+                                                                      optimizer, optimizer_impl)
+    A = activation_bytes(saved, layers - 1 if any(t.scope == "lowest" for t in saved)
+                         else layers)
+    grads = BackwardGrads(g_block, 0, trained_pb * max(t for t, _ in tensors), in_block)
+    fwd, bwd = activation_peaks(cfg, saved, B, T, precision, ckpt, device, accumulating,
+                                block=block, layers=layers, grads=grads,
+                                checkpoint_casts=ckpt_casts)
+    setup = {**full.setup, "trainable_parameters": trainable,
+             "lora": None if lora is None else {
+                 "r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout,
+                 "target_modules": lora.target_modules if isinstance(lora.target_modules, str)
+                 else ",".join(lora.target_modules)},
+             "train_last": train_last, "quantize_base": quantize_base}
+    tokens = 2 * BT * 8  # input ids and targets, int64
+    # No embedding gradient arrives at the end: the embedding is frozen.
+    return step_estimate(parameters=full.parameters, P=P, G=G, S=S, A=A, tokens=tokens, fwd=fwd,
+                         bwd=bwd, end=P + S + G + tokens, scratch=scratch,
+                         accumulating=accumulating, saved=saved, setup=setup)

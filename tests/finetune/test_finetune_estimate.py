@@ -1,0 +1,126 @@
+"""The fine-tuning estimator against the trace (full, frozen, LoRA) and a measured QLoRA step."""
+
+from __future__ import annotations
+
+import pytest
+
+from memlab.errors import MemlabError
+from memlab.finetune import SETUPS, LoraConfig, Setup, trainable_parameters
+from memlab.finetune.estimate import (
+    base_weight_bytes,
+    estimate_finetune,
+    quantized_weight_bytes,
+)
+from memlab.measure.step import StepSpec, measure_step, trace_step
+from memlab.memory import estimate
+
+TOL = 0.03  # the issue's bound; most set-ups land within a few bytes
+
+SET_UPS = [
+    Setup("last block", train_last=1),
+    Setup("last 2", train_last=2),
+    Setup("LoRA q,v", lora=LoraConfig(r=8)),
+    Setup("LoRA all", lora=LoraConfig(r=4, target_modules="all-linear")),
+    Setup("LoRA o,up,down, dropout", lora=LoraConfig(r=4, dropout=0.1,
+                                                      target_modules="o_proj,up_proj,down_proj")),
+    Setup("LoRA MLP only", lora=LoraConfig(r=2, target_modules=("down_proj",))),
+]
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-gpt2"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16"])
+@pytest.mark.parametrize("setup", SET_UPS, ids=lambda s: s.name)
+def test_estimate_is_held_to_the_trace(model, precision, setup):
+    spec = StepSpec(model, batch_size=2, seq_len=48, precision=precision, prepare=setup)
+    traced, est = trace_step(spec), estimate_finetune(spec, device="cpu")
+    assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=TOL)
+    assert est.activations_bytes == pytest.approx(traced.saved_activations_bytes, rel=TOL)
+    steady = traced.phase_breakdown["optimizer"]
+    assert est.weights_bytes == steady["parameters"]
+    assert est.gradients_bytes == steady["gradients"]
+    assert est.optimizer_bytes == steady["optimizer_states"]
+
+
+@pytest.mark.parametrize("setup", SET_UPS[::2], ids=lambda s: s.name)
+@pytest.mark.parametrize("switches", [dict(checkpointing=True), dict(attention="eager"),
+                                      dict(attention="flash"), dict(optimizer="sgd")],
+                         ids=["checkpointing", "eager", "flash", "sgd"])
+def test_estimate_follows_the_other_switches(setup, switches):
+    spec = StepSpec("tiny", batch_size=2, seq_len=32, precision="bf16-mixed", prepare=setup,
+                    **switches)
+    traced, est = trace_step(spec), estimate_finetune(spec, device="cpu")
+    assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=TOL)
+
+
+def test_a_7b_lora_step_matches_its_trace():
+    spec = StepSpec("llama2-7b", batch_size=1, seq_len=256, precision="bf16-mixed",
+                    prepare=Setup("LoRA q,v", lora=LoraConfig(r=8)))
+    traced, est = trace_step(spec), estimate_finetune(spec, device="cpu")
+    assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.01)
+    assert est.setup["trainable_parameters"] == 4_194_304
+
+
+def test_qlora_is_held_to_a_measured_step_of_the_books_model():
+    from memlab.model.lm import config_for
+
+    cfg = config_for("ci", None)
+    setup = next(s for s in SETUPS if s.quantize_base)
+    spec = StepSpec(cfg.model_config(), batch_size=cfg.batch_size, seq_len=cfg.seq_len,
+                    prepare=setup)
+    measured = measure_step(spec, device="cpu")
+    est = estimate_finetune(spec, device="cpu")
+    assert est.peak_bytes == pytest.approx(measured.peak_bytes, rel=TOL)
+    # the 4-bit codes with their scales, counted from bitsandbytes' own tensors
+    assert est.weights_bytes == measured.phase_breakdown["optimizer"]["parameters"]
+
+
+def test_no_set_up_is_the_chapter_1_estimate():
+    kw = dict(batch_size=2, seq_len=32, precision="bf16-mixed")
+    assert estimate_finetune("tiny", **kw).peak_bytes == estimate("tiny", **kw).peak_bytes
+
+
+def test_lora_leaves_the_activations_and_freezing_removes_them():
+    kw = dict(batch_size=1, seq_len=4096, precision="bf16-mixed")
+    full = estimate_finetune("llama2-7b", **kw)
+    lora = estimate_finetune("llama2-7b", lora=LoraConfig(r=8), **kw)
+    last = estimate_finetune("llama2-7b", train_last=2, **kw)
+    assert lora.activations_bytes > 0.7 * full.activations_bytes
+    assert last.activations_bytes < 0.1 * full.activations_bytes
+    assert lora.optimizer_bytes < 0.01 * full.optimizer_bytes
+
+
+@pytest.mark.parametrize("scheme", ["nf4", "nf4-dq", "fp4", "int8"])
+def test_quantized_weight_bytes_count_what_bitsandbytes_stores(scheme):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("bitsandbytes")
+    from memlab.quant.compare import bnb_linear, layer_bytes
+
+    lin = torch.nn.Linear(192, 80, bias=False)
+    q = bnb_linear(lin, scheme, torch.device("cpu"))
+    assert quantized_weight_bytes(192, 80, scheme) == layer_bytes(q, 192 * 80).weight_bytes
+
+
+def test_a_4_bit_base_is_about_a_quarter_of_16_bits():
+    b16 = base_weight_bytes("llama2-7b", "bf16")
+    nf4 = base_weight_bytes("llama2-7b", "bf16", "nf4-dq")
+    assert 0.25 < nf4 / b16 < 0.32  # embeddings, head and norms stay 16-bit
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(quantize_base="nf4"), "a quantized base needs LoRA adapters"),
+    (dict(lora=LoraConfig(r=4), quantize_base="int2"), "unknown base quantization 'int2'"),
+    (dict(lora=LoraConfig(r=4, target_modules="c_attn")), "unknown LoRA target module 'c_attn'"),
+    (dict(train_last=9), "exceeds the model's 2 blocks"),
+    (dict(train_last=1, lora=LoraConfig(r=4)), "not both"),
+    (dict(lora="r=4"), "lora must be a LoraConfig"),
+])
+def test_bad_set_ups_are_one_line(kwargs, message):
+    with pytest.raises(MemlabError, match=message):
+        estimate_finetune("tiny", batch_size=2, seq_len=32, **kwargs)
+
+
+def test_trainable_parameters_are_in_the_setup():
+    est = estimate_finetune("llama2-7b", batch_size=1, seq_len=512, precision="bf16-mixed",
+                            lora=LoraConfig(r=16, target_modules="all-linear"))
+    assert est.setup["trainable_parameters"] == 39_976_960 == trainable_parameters(
+        "llama2-7b", lora=LoraConfig(r=16, target_modules="all-linear"))
