@@ -31,6 +31,25 @@ def _set(ev, path, value):
     return ev
 
 
+def _c23_lora_backward(ev, factor):
+    """Every LoRA row's backward at ``factor`` times full fine-tuning's."""
+    ev = copy.deepcopy(ev)
+    full = ev["rows"]["full"]
+    for name, r in ev["rows"].items():
+        if name.startswith("LoRA"):
+            r["backward"] = int(factor * full["backward"])
+    return ev
+
+
+def _c26_peaks(ev, int8, int8_ckpt):
+    """The int8 peaks at the judged length, as multiples of the usable bytes."""
+    ev = copy.deepcopy(ev)
+    peaks = ev["peaks"][ev["seq_len"]]
+    peaks["int8"] = int(int8 * ev["usable"])
+    peaks["int8 + checkpointing"] = int(int8_ckpt * ev["usable"])
+    return ev
+
+
 def _rule_cases(n_points):
     """C02/C03/C04: move each rule relative to its floor."""
     def at(ev, factor):
@@ -157,10 +176,21 @@ CASES = {
             CAVEAT: lambda ev: {**ev, "ms": (10.0, 9.9)},
             WRONG: lambda ev: {**ev, "ms": (10.0, 20.0)},
             NOT_JUDGED: lambda ev: {**ev, "record": None}},
+    "C23": {HOLDS: lambda ev: _c23_lora_backward(ev, 0.1), CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: _c23_lora_backward(ev, 3.0)},
+    "C24": {HOLDS: lambda ev: {**ev, "ratio": {T: 0.3 for T in ev["ratio"]}},
+            CAVEAT: lambda ev: {**ev, "ratio": {T: 0.3 if min(ev["ratio"]) == T else 0.8
+                                                for T in ev["ratio"]}},
+            WRONG: lambda ev: {**ev, "ratio": {T: 0.8 for T in ev["ratio"]}}},
+    "C25": {HOLDS: lambda ev: _set(ev, ("merged", "identical"), True),
+            CAVEAT: lambda ev: _set(ev, ("merged", "identical"), False),
+            WRONG: lambda ev: _set(ev, ("unmerged", "identical"), False)},
+    "C26": {HOLDS: lambda ev: _c26_peaks(ev, 0.5, 0.5), CAVEAT: lambda ev: _c26_peaks(ev, 2, 0.5),
+            WRONG: lambda ev: _c26_peaks(ev, 2, 2)},
     "C43": {HOLDS: _c43_timed((0.5, 0.6, 0.7)), CAVEAT: _c43_timed((1.5, 1.2, 0.7)),
             WRONG: _c43_timed((1.5, 1.2, 1.1)), NOT_JUDGED: lambda ev: {**ev, "timed": {}}},
 }
-TRAINING = {"C14", "C16", "C17", "C18", "C19", "C22"}
+TRAINING = {"C14", "C16", "C17", "C18", "C19", "C22", "C24", "C25"}
 
 
 def test_every_claim_has_cases_for_every_judged_level():

@@ -10,7 +10,10 @@ def test_registry_names_chapters_and_sizes():
     assert set(ex.experiments()) == {"step-memory", "trace-7b", "load-memory", "estimator-accuracy",
                                       "mixed-precision", "fp8-matmul", "quantization", "quant-speed",
                                       "attention-memory", "attention-flops", "attention-time",
-                                      "attention-step", "gqa", "fusion-block"}
+                                      "attention-step", "gqa", "fusion-block",
+                                      "finetune-compare", "finetune-lr", "finetune-fit",
+                                      "finetune-context", "finetune-flops", "finetune-reference",
+                                      "finetune-20b"}
     for exp in ex.experiments().values():
         assert set(exp.sizes) == {"ci", "full"}
         assert exp.chapter.startswith("chapters/")
@@ -19,6 +22,8 @@ def test_registry_names_chapters_and_sizes():
 def test_get_experiment_rejects_unknown_name():
     with pytest.raises(MemlabError, match="unknown experiment 'x'; accepted: attention-flops, "
                        "attention-memory, attention-step, attention-time, estimator-accuracy, "
+                       "finetune-20b, finetune-compare, finetune-context, finetune-fit, "
+                       "finetune-flops, finetune-lr, finetune-reference, "
                        "fp8-matmul, fusion-block, gqa, load-memory, mixed-precision, quant-speed, "
                        "quantization, step-memory, trace-7b"):
         ex.get_experiment("x")

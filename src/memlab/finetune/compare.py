@@ -69,6 +69,12 @@ SETUPS = (
     Setup("LoRA all r=8", lora=LoraConfig(r=8, alpha=16, target_modules="all-linear")),
     Setup("QLoRA q,v r=8", lora=LoraConfig(r=8, alpha=16), quantize_base="nf4-dq"),
 )
+# Every set-up fine-tunes at FINETUNE_LR_FACTOR times the pre-training learning rate: of
+# lr_sweep's grid, the factor whose held-out loss is within LR_SLACK nats of each set-up's best
+# (the recorded sweep, results/finetune-lr, is shown in chapter 5 and checked by a test).
+LR_FACTORS = (1.0, 4.0, 10.0)
+FINETUNE_LR_FACTOR = 4.0
+LR_SLACK = 0.15  # nats
 STEPS = {"ci": 40, "full": 600}  # fine-tuning steps per set-up
 
 
@@ -93,16 +99,22 @@ class FinetuneComparison:
     config: LMConfig  # the new chain's config
     steps: int
     device: str
+    lr: float  # every set-up's learning rate
     start_loss: float  # the chapter 3 model's held-out loss on the new chain, before fine-tuning
     rows: tuple[SetupResult, ...]
 
     def row(self, name: str) -> SetupResult:
         """The result of the set-up called ``name`` (chapter: 5)."""
-        for r in self.rows:
-            if r.name == name:
-                return r
+        return rows_named(self.rows, name)[0]
+
+
+def rows_named(rows, name: str) -> list:
+    """The rows whose ``name`` is ``name``; an unknown name is refused with the accepted ones (chapter: 5)."""
+    found = [r for r in rows if r.name == name]
+    if not found:
         raise MemlabError(f"unknown set-up {name!r}; accepted: "
-                          + ", ".join(r.name for r in self.rows))
+                          + ", ".join(dict.fromkeys(r.name for r in rows)))
+    return found
 
 
 def shifted(cfg: LMConfig) -> LMConfig:
@@ -139,7 +151,8 @@ def _comparison(cfg: LMConfig, steps: int, setups: tuple[Setup, ...],
     for s in setups:
         model = copy.deepcopy(start.model)
         s.prepare(model)
-        run = train_lm(new, model=model, steps=steps, device=device)
+        run = train_lm(new, model=model, steps=steps, lr=cfg.lr * FINETUNE_LR_FACTOR,
+                       device=device)
         q = evaluate(run.model, new, device=device)
         ref_q = ref_q or q
         d, se = paired_delta(q, ref_q) if s.name != "full" else (0.0, float("nan"))
@@ -150,4 +163,47 @@ def _comparison(cfg: LMConfig, steps: int, setups: tuple[Setup, ...],
                                  ("parameters", "gradients", "optimizer_states", "activations",
                                   "temporaries", "other")},
                                 1e3 * run.train_s / steps, q, d, se))
-    return FinetuneComparison(new, steps, device, start_q.loss, tuple(rows))
+    return FinetuneComparison(new, steps, device, cfg.lr * FINETUNE_LR_FACTOR, start_q.loss,
+                              tuple(rows))
+
+
+@dataclass(frozen=True)
+class LrRow:
+    """One set-up at one learning-rate factor: its held-out loss after the same steps (chapter: 5)."""
+
+    name: str
+    lr_factor: float
+    loss: float  # held-out on the new chain, nats
+
+
+@dataclass(frozen=True)
+class LrSweep:
+    """Held-out loss of each set-up at several learning rates, from the same start (chapter: 5)."""
+
+    lr: float  # the pre-training learning rate the factors multiply
+    steps: int
+    device: str
+    rows: tuple[LrRow, ...]
+
+    def best(self, name: str) -> float:
+        """The factor with the lowest held-out loss for the set-up called ``name`` (chapter: 5)."""
+        return min(rows_named(self.rows, name), key=lambda r: r.loss).lr_factor
+
+
+def lr_sweep(scale: str | None = None, *, factors=LR_FACTORS, steps: int | None = None,
+             device=None) -> LrSweep:
+    """Fine-tune with each set-up at each learning-rate factor; the held-out loss of each (chapter: 5)."""
+    scale = get_scale(scale)
+    cfg = config_for(scale, None)
+    steps = check_positive_int("steps", steps if steps is not None else STEPS[scale])
+    device = str(pick_device(device))
+    start = reference_model(config=cfg, device=device)
+    new = shifted(cfg)
+    rows = []
+    for s in SETUPS:
+        for f in factors:
+            model = copy.deepcopy(start.model)
+            s.prepare(model)
+            run = train_lm(new, model=model, steps=steps, lr=cfg.lr * f, device=device)
+            rows.append(LrRow(s.name, float(f), evaluate(run.model, new, device=device).loss))
+    return LrSweep(cfg.lr, steps, device, tuple(rows))

@@ -35,11 +35,11 @@ from memlab.memory.training import (
     BackwardGrads,
     MemoryEstimate,
     SavedTensor,
-    _grads_done_in_block,
-    _param_groups,
     activation_bytes,
     activation_peaks,
     estimate,
+    grads_done_in_block,
+    param_groups,
     saved_tensors,
     state_bytes,
     step_estimate,
@@ -252,8 +252,8 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
     ckpt_input = [t for t in saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision,
                                            checkpointing=True, device=device)
                   if t.scope == "layer"]
-    in_block = _grads_done_in_block(cfg, precision)
-    _, block_tensors, _ = _param_groups(cfg)
+    in_block = grads_done_in_block(cfg, precision)
+    _, block_tensors, _ = param_groups(cfg)
 
     if lora is not None:
         targets = adapted_linears(cfg, lora)

@@ -43,3 +43,51 @@ def step_flops(model: nn.Module, idx: torch.Tensor) -> StepFlops:
     with FlopCounterMode(display=False) as bwd:
         loss.backward()
     return StepFlops(fwd.get_total_flops(), bwd.get_total_flops())
+
+
+@dataclass(frozen=True)
+class FlopsRow:
+    """One set-up's counted FLOPs per step (chapter: 5)."""
+
+    name: str
+    trainable_parameters: int
+    flops: StepFlops
+
+
+@dataclass(frozen=True)
+class FlopsTable:
+    """FLOPs per step of full fine-tuning, frozen blocks and LoRA on one model (chapter: 5)."""
+
+    model: str
+    batch_size: int
+    seq_len: int
+    rows: tuple[FlopsRow, ...]
+
+    def row(self, name: str) -> FlopsRow:
+        """The row of the set-up called ``name`` (chapter: 5)."""
+        from memlab.finetune.compare import rows_named
+
+        return rows_named(self.rows, name)[0]
+
+
+def flops_table(model: str = "tiny", *, batch_size: int = 2, seq_len: int = 32,
+                setups=None) -> FlopsTable:
+    """Forward and backward FLOPs of a step for each set-up, eager attention, counted (chapter: 5)."""
+    import copy
+
+    from memlab.finetune.compare import SETUPS
+    from memlab.finetune.freeze import count_trainable
+    from memlab.model.transformer import Transformer, get_config
+
+    cfg = get_config(model, attention="eager")  # every matmul visible to the counter
+    torch.manual_seed(0)
+    base = Transformer(cfg)
+    idx = torch.randint(0, cfg.vocab_size, (batch_size, seq_len),
+                        generator=torch.Generator().manual_seed(0))
+    chosen = [s for s in (setups or SETUPS) if s.quantize_base is None]
+    rows = []
+    for s in chosen:
+        m = copy.deepcopy(base)
+        s.prepare(m)
+        rows.append(FlopsRow(s.name, count_trainable(m), step_flops(m, idx)))
+    return FlopsTable(cfg.name, batch_size, seq_len, tuple(rows))

@@ -41,3 +41,34 @@ def reference_check(tuned: nn.Module, base: nn.Module, idx: torch.Tensor) -> Ref
     copy = sum(p.numel() * p.element_size() for p in base.parameters())
     return ReferenceCheck(bool(torch.equal(off, ref)), float((off - ref).abs().max()),
                           not torch.equal(on, ref), copy, adapter_bytes)
+
+
+@dataclass(frozen=True)
+class ReferenceResult:
+    """Adapters off against the base, with the adapters kept apart and after merging them (chapter: 5)."""
+
+    unmerged: ReferenceCheck
+    merged: ReferenceCheck  # merged into the base, then switched off (unmerged in place)
+
+
+def reference_experiment(scale: str | None = None, *, device=None, r: int = 8) -> ReferenceResult:
+    """The chapter 3 model with LoRA adapters (B drawn non-zero, as after tuning): adapters off, kept apart and merged (chapter: 5)."""
+    import copy
+
+    from memlab.finetune.lora import LoraConfig, inject_lora, merge_lora
+    from memlab.model.lm import reference_model
+
+    start = reference_model(scale, device=device)
+    base = start.model.eval()
+    tuned = copy.deepcopy(base)
+    layers = inject_lora(tuned, LoraConfig(r=r, alpha=2 * r))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for m in layers.values():  # as if trained: a non-zero update
+            m.lora_B.weight.copy_(0.02 * torch.randn(m.lora_B.weight.shape, generator=gen))
+    dev = next(base.parameters()).device
+    cfg = start.config
+    idx = torch.randint(0, cfg.vocab_size, (cfg.batch_size, cfg.seq_len), generator=gen).to(dev)
+    unmerged = reference_check(tuned, base, idx)
+    merge_lora(tuned)
+    return ReferenceResult(unmerged, reference_check(tuned, base, idx))

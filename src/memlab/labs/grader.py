@@ -405,6 +405,30 @@ def answer_keys_problem(answer: Any, keys: Iterable[str], name: str) -> str | No
     return None
 
 
+def answer_tensor(value: Any):
+    """An answer as a torch tensor (float64 unless it is one already), or None if it is not numbers (chapter: labs)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        return torch.as_tensor(value, dtype=torch.float64)
+    except Exception:
+        return None
+
+
+def merged_slips(slips: Iterable[tuple[float, str]]) -> list[tuple[float, str]]:
+    """Slips whose values coincide become one, their hints joined (chapter: labs)."""
+    out: list[tuple[float, str]] = []
+    for value, hint in slips:
+        same = next((i for i, (v, _) in enumerate(out) if close_to(value, v, 1e-12)), None)
+        if same is None:
+            out.append((value, hint))
+        elif hint not in out[same][1]:
+            out[same] = (out[same][0], f"{out[same][1]}; or {hint}")
+    return out
+
+
 def close_to(a: float, b: float, rtol: float) -> bool:
     """True when two finite numbers agree within the relative tolerance ``rtol`` of ``b`` (chapters: labs)."""
     return (math.isfinite(a) and math.isfinite(b)

@@ -27,7 +27,14 @@ from memlab.attention.memory import saved_bytes
 from memlab.dtypes import dtype as to_dtype
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.gpus import get_gpu
-from memlab.labs.grader import answer_keys_problem, answer_number, close_to, define_lab, named_slip
+from memlab.labs.grader import (
+    answer_keys_problem,
+    answer_number,
+    answer_tensor,
+    define_lab,
+    merged_slips,
+    named_slip,
+)
 from memlab.memory.inference import DTYPE_BYTES
 from memlab.model.flash import online_softmax_update
 from memlab.model.transformer import ModelConfig, get_config
@@ -144,15 +151,6 @@ ONLINE_SLIPS = (
 )
 
 
-def _as_tensor(value) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value
-    try:
-        return torch.as_tensor(value, dtype=torch.float64)
-    except Exception:
-        return None
-
-
 def _same(a: torch.Tensor, b: torch.Tensor, rtol: float = SOFTMAX_RTOL) -> bool:
     return a.shape == b.shape and bool(torch.allclose(a.double(), b.double(), rtol=rtol,
                                                       atol=1e-30, equal_nan=True))
@@ -173,7 +171,7 @@ def _step_outputs(out, rows: int):
         return None
     tensors = []
     for name, value in zip(("m_new", "l_new", "alpha"), out, strict=True):
-        t = _as_tensor(value)
+        t = answer_tensor(value)
         if t is None or t.is_complex() or t.dtype == torch.bool:
             return f"{name} must be a real tensor, one value per row"
         if tuple(t.shape) == (rows, 1):
@@ -385,19 +383,7 @@ def kv_per_token_slips(key: str, expected: float) -> list[tuple[float, str]]:
         (expected * (4 if e == 2 else 2) / e, f"the cache is {case['kv_precision']} here: {e} "
                                               "bytes per value"),
     ]
-    return _merged(slips)
-
-
-def _merged(slips: list[tuple[float, str]]) -> list[tuple[float, str]]:
-    """Slips whose values coincide become one, their hints joined."""
-    out: list[tuple[float, str]] = []
-    for value, hint in slips:
-        same = next((i for i, (v, _) in enumerate(out) if close_to(value, v, 1e-12)), None)
-        if same is None:
-            out.append((value, hint))
-        elif hint not in out[same][1]:
-            out[same] = (out[same][0], f"{out[same][1]}; or {hint}")
-    return out
+    return merged_slips(slips)
 
 
 def check_kv_per_token(answer):
@@ -427,7 +413,7 @@ def context_slips(expected: int) -> list[tuple[float, str]]:
     budget = gpu.usable_bytes - weights
     per = kv_bytes_per_token(cfg, CONTEXT["precision"])
     usable = "the usable memory (the nvidia-smi total minus memlab.gpus.RESERVED_BYTES)"
-    return _merged([
+    return merged_slips([
         (gpu.usable_bytes // (B * per), "subtract the weights first: they take their bytes "
                                         "before the cache gets any"),
         ((gpu.total_bytes - weights) // (B * per), f"start from {usable}, not the total"),

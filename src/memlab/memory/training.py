@@ -94,6 +94,11 @@ class MemoryEstimate:
                      + (", checkpointing" if s["checkpointing"] else "")
                      + (f", {s['grad_accum_steps']} accumulation steps"
                         if s["grad_accum_steps"] > 1 else ""))
+            if s.get("lora"):  # a fine-tuning set-up (chapter 5)
+                head += (f"; LoRA r={s['lora']['r']} on {s['lora']['target_modules']}"
+                         + (f", base in {s['quantize_base']}" if s.get("quantize_base") else ""))
+            elif s.get("train_last"):
+                head += f"; training the last {s['train_last']} blocks only"
         rows = [("weights", self.weights_bytes), ("gradients", self.gradients_bytes),
                 ("optimizer states", self.optimizer_bytes),
                 ("activations", self.activations_bytes),
@@ -114,8 +119,8 @@ class MemoryEstimate:
 
 
 # Parameters, gradients, optimizer states ---------------------------------------------------
-def _param_groups(cfg: ModelConfig) -> tuple[list[int], list[int], list[int]]:
-    """Element counts of the parameter tensors: (embeddings, one block, head), tied ones once."""
+def param_groups(cfg: ModelConfig) -> tuple[list[int], list[int], list[int]]:
+    """Element counts of the parameter tensors: (embeddings, one block, head), tied ones once (chapters: 1, 5)."""
     C, F, V, kv = cfg.d_model, cfg.ffn_dim, cfg.vocab_size, cfg.kv_heads * cfg.head_dim
     if cfg.style == "gpt2":
         embed = [V * C, cfg.max_seq_len * C]
@@ -132,7 +137,7 @@ def _param_groups(cfg: ModelConfig) -> tuple[list[int], list[int], list[int]]:
 
 def _param_tensors(cfg: ModelConfig) -> list[tuple[int, int]]:
     """(element count, how many such tensors) for the model's parameters, tied ones once."""
-    embed, block, head = _param_groups(cfg)
+    embed, block, head = param_groups(cfg)
     return [(t, 1) for t in embed] + [(t, cfg.n_layer) for t in block] + [(t, 1) for t in head]
 
 
@@ -533,7 +538,7 @@ def step_estimate(*, parameters: int, P: int, G: int, S: int, A: int, tokens: in
 
 def _block_param_grad_bytes(cfg: ModelConfig, precision: str) -> tuple[int, int]:
     """Gradient bytes of one block, and of the head (final norm + untied lm_head)."""
-    _, block, head = _param_groups(cfg)
+    _, block, head = param_groups(cfg)
     return PARAM_BYTES[precision] * sum(block), PARAM_BYTES[precision] * sum(head)
 
 
@@ -554,11 +559,10 @@ def _stage(t: SavedTensor) -> str:
     return "MLP" if t.name in _MLP_NAMES or t.name.startswith("MLP") else "attention"
 
 
-def _grads_done_in_block(cfg: ModelConfig, precision: str) -> dict[str, tuple[int, int]]:
-    """At each stage of a block's backward: (gradient bytes already computed, bytes of the
-    16-bit weight casts still alive under autocast)."""
+def grads_done_in_block(cfg: ModelConfig, precision: str) -> dict[str, tuple[int, int]]:
+    """At each stage of a block's backward: (gradient bytes already computed, bytes of the 16-bit weight casts still alive under autocast) (chapters: 1, 5)."""
     C, F, kv = cfg.d_model, cfg.ffn_dim, cfg.kv_heads * cfg.head_dim
-    _, block, _ = _param_groups(cfg)
+    _, block, _ = param_groups(cfg)
     pb = PARAM_BYTES[precision]
     if cfg.style == "gpt2":  # ln1 (2), q k v (6), o (2), ln2 (2), up (2), down (2)
         norm1, o, norm2, down = sum(block[0:2]), sum(block[8:10]), sum(block[10:12]), sum(block[14:16])
@@ -647,8 +651,8 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
     bwd = A + 2 * BT * V * 4  # start: the fp32 gradients of log-softmax's output and input
     if grads is None:
         G_block, G_head = _block_param_grad_bytes(cfg, precision)
-        grads = BackwardGrads(G_block, G_head, PARAM_BYTES[precision] * max(_param_groups(cfg)[1]),
-                              _grads_done_in_block(cfg, precision))
+        grads = BackwardGrads(G_block, G_head, PARAM_BYTES[precision] * max(param_groups(cfg)[1]),
+                              grads_done_in_block(cfg, precision))
     G_block, G_head, in_block, fresh_grad = grads.block, grads.head, grads.in_block, grads.largest
     dx = BT * C * sb  # gradient of the residual stream
     for layer in (L - 1, 0):  # the walk is linear in the layer index: its ends bound it

@@ -1,0 +1,83 @@
+"""Which GPU fits which set-up, LoRA at long context, a 20B model on 24 GB, and the records behind chapter 5."""
+
+from __future__ import annotations
+
+import pytest
+
+from memlab.errors import MemlabError
+from memlab.finetune.compare import FINETUNE_LR_FACTOR, LR_SLACK, SETUPS
+from memlab.finetune.plan import NEOX_20B, context_sweep, fit_table, twenty_b
+from memlab.gpus import get_gpu
+from memlab.results import recorded
+
+
+def test_neox_20b_has_its_published_size():
+    assert 20.4e9 < NEOX_20B.num_parameters() < 20.7e9  # "20B": 20.55B in the paper
+
+
+def test_fit_table_rows_fit_exactly_the_gpus_their_estimate_fits():
+    t = fit_table(("llama2-7b",), batch_size=1, seq_len=512, checkpointing=(False,))
+    assert len(t.rows) == 5
+    for r in t.rows:
+        for gpu, ok in r.fits.items():
+            assert ok == (r.peak_bytes <= get_gpu(gpu).usable_bytes)
+    full, qlora = t.row("llama2-7b", "full"), t.row("llama2-7b", "QLoRA all r=16")
+    assert qlora.peak_bytes < full.peak_bytes and qlora.weights_bytes < full.weights_bytes / 4
+    small = t.smallest_gpu(qlora)
+    assert small is not None and qlora.fits[small]
+    assert all(get_gpu(g).usable_bytes >= get_gpu(small).usable_bytes
+               for g, ok in qlora.fits.items() if ok)
+
+
+def test_fit_table_traces_what_it_is_asked_to():
+    t = fit_table(("tiny",), batch_size=2, seq_len=32, checkpointing=(False,), traced=("tiny",))
+    for r in t.rows:
+        if r.setup.startswith("QLoRA"):
+            assert r.traced_peak_bytes is None  # 4-bit weights cannot be faked
+        else:
+            assert r.peak_bytes == pytest.approx(r.traced_peak_bytes, rel=0.03)
+
+
+def test_fit_table_refuses_in_one_line():
+    with pytest.raises(MemlabError, match="traced names 'gpt2', which is not among the models"):
+        fit_table(("tiny",), traced=("gpt2",))
+    with pytest.raises(MemlabError, match="no row for 'tiny', 'LoRA'"):
+        fit_table(("tiny",), batch_size=1, seq_len=32).row("tiny", "LoRA")
+
+
+def test_the_recorded_full_scale_traces_hold_the_estimator_within_3_percent():
+    rec = recorded("finetune-fit", device="cpu", scale="full")
+    assert rec is not None, "results/finetune-fit holds the full-scale traces of chapter 5"
+    traced = [r for r in rec.result["rows"] if r["traced_peak_bytes"]]
+    assert len(traced) >= 8
+    for r in traced:
+        assert r["peak_bytes"] == pytest.approx(r["traced_peak_bytes"], rel=0.03), r
+
+
+def test_loras_share_of_full_fine_tuning_grows_with_the_context():
+    s = context_sweep(lengths=(512, 2048, 8192), ranks=(4, 64))
+    ratios = [r.lora_over_full for r in s.rows]
+    assert ratios == sorted(ratios) and ratios[-1] > ratios[0]
+    shares = [r.activation_share for r in s.rows]
+    assert shares == sorted(shares)
+    peaks = list(s.choices.values())
+    assert max(peaks) / min(peaks) < 1.2  # rank and targets barely move the peak
+
+
+def test_twenty_b_int8_stores_more_than_nf4_and_checkpointing_lowers_the_peak():
+    t = twenty_b(seq_len=256)
+    assert t.weights["int8"] > 1.5 * t.weights["nf4-dq"]
+    assert t.peaks["int8 + checkpointing"] < t.peaks["int8"]
+    assert t.usable_bytes == get_gpu("L4").usable_bytes
+
+
+def test_the_fine_tuning_learning_rate_is_near_every_set_ups_best_in_the_recorded_sweep():
+    rec = recorded("finetune-lr", device="cpu", scale="ci")
+    assert rec is not None, "results/finetune-lr holds the learning-rate sweep of chapter 5"
+    rows = rec.result["rows"]
+    assert {r["name"] for r in rows} == {s.name for s in SETUPS}
+    for name in {r["name"] for r in rows}:
+        mine = [r for r in rows if r["name"] == name]
+        best = min(r["loss"] for r in mine)
+        at = next(r["loss"] for r in mine if r["lr_factor"] == FINETUNE_LR_FACTOR)
+        assert at <= best + LR_SLACK, (name, at, best)
