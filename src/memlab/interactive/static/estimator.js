@@ -305,7 +305,8 @@
      attention norm, attention, MLP norm, MLP; flags for the backward walk. */
   function saved(scope, stage, bytes, flags) {
     return { scope: scope, stage: stage, bytes: bytes, linearInput: !!(flags && flags.linearInput),
-             softmax: !!(flags && flags.softmax), flashLse: !!(flags && flags.flashLse) };
+             softmax: !!(flags && flags.softmax), flashLse: !!(flags && flags.flashLse),
+             productFactor: !!(flags && flags.productFactor) };
   }
 
   function isMixed(precision) {
@@ -425,9 +426,9 @@
       out = out.concat(rmsnorm("attention norm", "layer", BT, C, precision, linearCount(block, "qkv"), K));
       out = out.concat(attentionCore(cfg, B, T, precision, device, K));
       out = out.concat(rmsnorm("MLP norm", "layer", BT, C, precision, linearCount(block, "mlp_in"), K));
-      // gate, silu(gate), up, silu(gate) * up
+      // gate, silu(gate), up (a factor of the product: its backward returns both gradients), silu(gate) * up
       out.push(saved("layer", "MLP", BT * F * cb), saved("layer", "MLP", BT * F * cb),
-               saved("layer", "MLP", BT * F * cb),
+               saved("layer", "MLP", BT * F * cb, { productFactor: true }),
                saved("layer", "MLP", BT * F * cb, { linearInput: true }));
     } else {
       out = out.concat(layernorm("attention norm", "layer", BT, C, precision,
@@ -566,6 +567,9 @@
         var castsAlive = inBlock[t.stage][1];
         var dOut = t.stage === "attention" ? BT * C * cb : 0;
         var consumerGrad = t.linearInput ? BT * C * cb : t.bytes;
+        if (t.productFactor) { // the product's backward returns both factors' gradients at once
+          consumerGrad = 2 * t.bytes;
+        }
         if (t.flashLse) { // FlashAttention's backward: its fp32 accumulators and tiles
           consumerGrad = flashBackwardWorkspace(cfg, B, T, precision, K) - t.bytes;
         }
