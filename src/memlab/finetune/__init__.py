@@ -4,11 +4,15 @@ The pieces live in this folder's modules; their public names are re-exported her
 """
 
 from memlab.finetune.compare import (  # noqa: F401
+    FINETUNE_LR_FACTOR,
+    LR_FACTORS,
     SETUPS,
     FinetuneComparison,
+    LrSweep,
     Setup,
     SetupResult,
     finetune_comparison,
+    lr_sweep,
     shifted,
 )
 from memlab.finetune.counts import (  # noqa: F401
@@ -17,7 +21,12 @@ from memlab.finetune.counts import (  # noqa: F401
     lora_parameters,
     trainable_parameters,
 )
-from memlab.finetune.flops import StepFlops, step_flops  # noqa: F401
+from memlab.finetune.estimate import (  # noqa: F401
+    base_weight_bytes,
+    estimate_finetune,
+    quantized_weight_bytes,
+)
+from memlab.finetune.flops import FlopsTable, StepFlops, flops_table, step_flops  # noqa: F401
 from memlab.finetune.freeze import (  # noqa: F401
     count_trainable,
     freeze_all_but,
@@ -34,5 +43,20 @@ from memlab.finetune.lora import (  # noqa: F401
     merge_lora,
     unmerge_lora,
 )
+from memlab.finetune.plan import (  # noqa: F401
+    NEOX_20B,
+    PLAN_SETUPS,
+    ContextSweep,
+    FitTable,
+    TwentyB,
+    context_sweep,
+    fit_table,
+    twenty_b,
+)
 from memlab.finetune.qlora import BASE_SCHEMES, qlora, quantize_base  # noqa: F401
-from memlab.finetune.reference import ReferenceCheck, reference_check  # noqa: F401
+from memlab.finetune.reference import (  # noqa: F401
+    ReferenceCheck,
+    ReferenceResult,
+    reference_check,
+    reference_experiment,
+)

@@ -445,8 +445,9 @@ def estimate(
             raise MemlabError("a StepSpec describes a whole training step: pass no batch_size, "
                               "seq_len or mode with it")
         if model.prepare is not None:
-            raise MemlabError("the estimator does not model a StepSpec's prepare hook; trace "
-                              "or measure that step (trace_step, measure_step)")
+            raise MemlabError("memlab.memory.estimate does not model a prepare hook: "
+                              "memlab.finetune.estimate_finetune takes a fine-tuning Setup; "
+                              "trace_step or measure_step take any hook")
         spec = model
     elif mode == "inference":
         cfg = _check_inference(model, batch_size, seq_len, precision, attention)
