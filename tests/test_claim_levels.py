@@ -178,9 +178,10 @@ CASES = {
             NOT_JUDGED: lambda ev: {**ev, "record": None}},
     "C23": {HOLDS: lambda ev: _c23_lora_backward(ev, 0.1), CAVEAT: lambda ev: ev,
             WRONG: lambda ev: _c23_lora_backward(ev, 3.0)},
-    "C24": {HOLDS: lambda ev: {**ev, "ratio": {T: 0.3 for T in ev["ratio"]}},
-            CAVEAT: lambda ev: {**ev, "ratio": {T: 0.3 if min(ev["ratio"]) == T else 0.8
-                                                for T in ev["ratio"]}},
+    "C24": {HOLDS: lambda ev: {**ev, "ratio": {T: 0.3 for T in ev["ratio"]},
+                               "share": {T: 0.3 for T in ev["share"]}},
+            CAVEAT: lambda ev: {**ev, "ratio": {T: 0.3 for T in ev["ratio"]},
+                                "share": {T: 0.8 for T in ev["share"]}},
             WRONG: lambda ev: {**ev, "ratio": {T: 0.8 for T in ev["ratio"]}}},
     "C25": {HOLDS: lambda ev: _set(ev, ("merged", "identical"), True),
             CAVEAT: lambda ev: _set(ev, ("merged", "identical"), False),

@@ -60,8 +60,10 @@ def test_loras_share_of_full_fine_tuning_grows_with_the_context():
     assert ratios == sorted(ratios) and ratios[-1] > ratios[0]
     shares = [r.activation_share for r in s.rows]
     assert shares == sorted(shares)
-    peaks = list(s.choices.values())
-    assert max(peaks) / min(peaks) < 1.2  # rank and targets barely move the peak
+    for target in ("q_proj,v_proj", "all-linear"):  # the rank barely moves the peak
+        peaks = [p for k, p in s.choices.items() if k.endswith(" on " + target)]
+        assert len(peaks) == 2 and max(peaks) / min(peaks) < 1.05
+    assert s.choices["r=4 on all-linear"] > 1.2 * s.choices["r=4 on q_proj,v_proj"]
 
 
 def test_twenty_b_int8_stores_more_than_nf4_and_checkpointing_lowers_the_peak():

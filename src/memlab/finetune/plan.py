@@ -129,6 +129,8 @@ class ContextSweep:
 
     model: str
     batch_size: int
+    precision: str  # full fine-tuning's
+    lora_precision: str  # LoRA's
     rows: tuple[ContextRow, ...]
     choice_seq_len: int
     choices: dict[str, int]  # 'r=8 on q_proj,v_proj' -> estimated peak bytes
@@ -137,17 +139,22 @@ class ContextSweep:
 def context_sweep(model: str = "llama2-7b", *, batch_size: int = 1,
                   lengths=(512, 1024, 2048, 4096, 8192, 16384), ranks=(4, 8, 16, 64),
                   targets=(("q_proj", "v_proj"), "all-linear"), choice_seq_len: int = 4096,
-                  precision: str = "bf16-mixed") -> ContextSweep:
-    """Estimated peaks of full fine-tuning and LoRA (r=8 on q, v) against T; then rank and targets at one T (chapter: 5)."""
+                  precision: str = "bf16-mixed", lora_precision: str = "bf16") -> ContextSweep:
+    """Estimated peaks of full fine-tuning and LoRA (r=8 on q, v) against T; then rank and targets at one T (chapter: 5).
+
+    Full fine-tuning runs in ``precision`` (fp32 master weights by default); LoRA in
+    ``lora_precision``, a base stored in 16 bits by default, as a model loaded in bf16 and
+    wrapped by peft is.
+    """
     cfg = get_config(model) if isinstance(model, str) else model
     # Longer than the model was trained for is a shape question here: memory, not quality.
     cfg = replace(cfg, max_seq_len=max(cfg.max_seq_len, *lengths, choice_seq_len))
     lora = LoraConfig(r=8)
     rows = []
     for T in lengths:
-        kw = dict(batch_size=batch_size, seq_len=T, precision=precision)
-        full = estimate_finetune(cfg, **kw)
-        lo = estimate_finetune(cfg, lora=lora, **kw)
+        kw = dict(batch_size=batch_size, seq_len=T)
+        full = estimate_finetune(cfg, precision=precision, **kw)
+        lo = estimate_finetune(cfg, lora=lora, precision=lora_precision, **kw)
         rows.append(ContextRow(T, full.peak_bytes, lo.peak_bytes, lo.activations_bytes))
     choices = {}
     for tgt in targets:
@@ -156,8 +163,9 @@ def context_sweep(model: str = "llama2-7b", *, batch_size: int = 1,
             name = tgt if isinstance(tgt, str) else ",".join(tgt)
             choices[f"r={r} on {name}"] = estimate_finetune(
                 cfg, lora=lc, batch_size=batch_size, seq_len=choice_seq_len,
-                precision=precision).peak_bytes
-    return ContextSweep(cfg.name, batch_size, tuple(rows), choice_seq_len, choices)
+                precision=lora_precision).peak_bytes
+    return ContextSweep(cfg.name, batch_size, precision, lora_precision, tuple(rows),
+                        choice_seq_len, choices)
 
 
 @dataclass(frozen=True)

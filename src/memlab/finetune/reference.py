@@ -61,7 +61,9 @@ def reference_experiment(scale: str | None = None, *, device=None, r: int = 8) -
     start = reference_model(scale, device=device)
     base = start.model.eval()
     tuned = copy.deepcopy(base)
-    layers = inject_lora(tuned, LoraConfig(r=r, alpha=2 * r))
+    with torch.random.fork_rng(devices=[]):  # A drawn from a fixed seed: the same run each time
+        torch.manual_seed(0)
+        layers = inject_lora(tuned, LoraConfig(r=r, alpha=2 * r))
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for m in layers.values():  # as if trained: a non-zero update

@@ -12,6 +12,13 @@ from memlab.plot.attention import (  # noqa: F401
     tiling,
     traffic,
 )
+from memlab.plot.finetune import (  # noqa: F401
+    SETUP_COLORS,
+    fit_grid,
+    lora_context,
+    lora_diagram,
+    memory_by_setup,
+)
 from memlab.plot.measure import (  # noqa: F401
     compare_phases,
     step_breakdown,
