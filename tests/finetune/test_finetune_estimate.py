@@ -124,3 +124,13 @@ def test_trainable_parameters_are_in_the_setup():
                             lora=LoraConfig(r=16, target_modules="all-linear"))
     assert est.setup["trainable_parameters"] == 39_976_960 == trainable_parameters(
         "llama2-7b", lora=LoraConfig(r=16, target_modules="all-linear"))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+@pytest.mark.parametrize("setup", SET_UPS[:3:2], ids=lambda s: s.name)
+def test_estimate_follows_gradient_accumulation(setup, precision):
+    spec = StepSpec("tiny", batch_size=2, seq_len=32, precision=precision, grad_accum_steps=2,
+                    prepare=setup)
+    traced, est = trace_step(spec), estimate_finetune(spec, device="cpu")
+    assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=TOL)
+    assert est.phase_breakdown["forward"]["gradients"] == est.gradients_bytes  # kept across
