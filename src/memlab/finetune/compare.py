@@ -140,6 +140,14 @@ def finetune_comparison(scale: str | None = None, *, config: LMConfig | None = N
     return _comparison(cfg, steps, chosen, str(pick_device(device)))
 
 
+def _fine_tune(base: nn.Module, setup: Setup, task: LMConfig, steps: int, lr: float,
+               device: str):
+    """A copy of ``base`` prepared by ``setup`` and trained on ``task``; the run."""
+    model = copy.deepcopy(base)
+    setup.prepare(model)
+    return train_lm(task, model=model, steps=steps, lr=lr, device=device)
+
+
 @functools.cache
 @kept_on_disk
 def _comparison(cfg: LMConfig, steps: int, setups: tuple[Setup, ...],
@@ -149,10 +157,7 @@ def _comparison(cfg: LMConfig, steps: int, setups: tuple[Setup, ...],
     start_q = evaluate(start.model, new, device=device)
     rows, ref_q = [], None
     for s in setups:
-        model = copy.deepcopy(start.model)
-        s.prepare(model)
-        run = train_lm(new, model=model, steps=steps, lr=cfg.lr * FINETUNE_LR_FACTOR,
-                       device=device)
+        run = _fine_tune(start.model, s, new, steps, cfg.lr * FINETUNE_LR_FACTOR, device)
         q = evaluate(run.model, new, device=device)
         ref_q = ref_q or q
         d, se = paired_delta(q, ref_q) if s.name != "full" else (0.0, float("nan"))
@@ -202,8 +207,6 @@ def lr_sweep(scale: str | None = None, *, factors=LR_FACTORS, steps: int | None 
     rows = []
     for s in SETUPS:
         for f in factors:
-            model = copy.deepcopy(start.model)
-            s.prepare(model)
-            run = train_lm(new, model=model, steps=steps, lr=cfg.lr * f, device=device)
+            run = _fine_tune(start.model, s, new, steps, cfg.lr * f, device)
             rows.append(LrRow(s.name, float(f), evaluate(run.model, new, device=device).loss))
     return LrSweep(cfg.lr, steps, device, tuple(rows))

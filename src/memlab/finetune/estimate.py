@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from memlab.errors import MemlabError, check_choice, check_positive_int
+from memlab.errors import MemlabError, check_choice
 from memlab.finetune.counts import adapted_linears, block_linear_shapes, trainable_parameters
 from memlab.finetune.lora import LoraConfig
 from memlab.finetune.qlora import BASE_SCHEMES
@@ -46,9 +46,10 @@ from memlab.memory.training import (
     step_scratch_bytes,
 )
 from memlab.model.transformer import ModelConfig, get_config
+from memlab.quant.functional import DQ_BLOCKSIZE
 
 NF4_BLOCK = 64  # bitsandbytes' 4-bit block: one absmax per 64 weights
-DQ_BLOCK = 256  # double quantization: one fp32 absmax per 256 8-bit absmax values
+DQ_BLOCK = DQ_BLOCKSIZE  # double quantization: one fp32 absmax per 256 8-bit absmax values
 ADAPTER_BYTES = 4  # peft keeps adapters in fp32 (autocast_adapter_dtype), so does memlab
 
 # Saved tensors that are a linear layer's input, kept only for that layer's weight gradient:
@@ -193,24 +194,6 @@ def _first_trained_block(cfg: ModelConfig, block: list[SavedTensor]) -> list[Sav
     return [t for t in block if not t.name.startswith(drop)]
 
 
-def _check_setup(cfg, lora, train_last, quantize_base):
-    if lora is not None and not isinstance(lora, LoraConfig):
-        raise MemlabError(f"lora must be a LoraConfig, got {type(lora).__name__}")
-    if quantize_base is not None:
-        check_choice("base quantization", quantize_base, BASE_SCHEMES)
-        if lora is None:
-            raise MemlabError("a quantized base needs LoRA adapters (a LoRA rank)")
-    if train_last is not None:
-        check_positive_int("freeze (blocks left to train)", train_last)
-        if train_last > cfg.n_layer:
-            raise MemlabError(f"freeze: {train_last} blocks to train exceeds the model's "
-                              f"{cfg.n_layer} blocks")
-        if lora is not None:
-            raise MemlabError("choose LoRA or training the last blocks, not both")
-    if lora is not None:
-        adapted_linears(cfg, lora)
-
-
 def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig | None = None,
                       train_last: int | None = None, quantize_base: str | None = None,
                       device: str = "cuda", **switches) -> MemoryEstimate:
@@ -234,7 +217,13 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
         lora, train_last, quantize_base = s.lora, s.train_last, s.quantize_base
         spec = replace(spec, prepare=None)
     cfg = spec.config
-    _check_setup(cfg, lora, train_last, quantize_base)
+    # Checks the set-up in one line each: the LoRA config and its targets, the blocks to train,
+    # not both.
+    trainable = trainable_parameters(cfg, lora=lora, train_last=train_last)
+    if quantize_base is not None:
+        check_choice("base quantization", quantize_base, BASE_SCHEMES)
+        if lora is None:
+            raise MemlabError("a quantized base needs LoRA adapters (a LoRA rank)")
     full = estimate(spec, device=device)
     if lora is None and train_last is None:
         return replace(full, setup={**full.setup, "trainable_parameters": full.parameters})
@@ -263,12 +252,12 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
         tensors = [(lora.r * i, layers) for i, _ in targets.values()] + \
                   [(o * lora.r, layers) for _, o in targets.values()]
         trained_pb = ADAPTER_BYTES
-        weights = base_weight_bytes(cfg, precision, quantize_base) + \
-            ADAPTER_BYTES * trainable_parameters(cfg, lora=lora)
-        casts = 0 if quantize_base else 1
-        in_block = {k: (0, casts * c) for k, (_, c) in in_block.items()}
-        g_block = ADAPTER_BYTES * sum(lora.r * (i + o) for i, o in targets.values())
-        ckpt_casts = layers * 2 * sum(lora.r * (i + o) for i, o in targets.values())
+        weights = base_weight_bytes(cfg, precision, quantize_base) + ADAPTER_BYTES * trainable
+        # A 4-bit base dequantizes again in backward: no 16-bit weight copies stay alive.
+        in_block = {k: (0, 0 if quantize_base else c) for k, (_, c) in in_block.items()}
+        per_block = trainable // layers  # adapter weights in one block
+        g_block = ADAPTER_BYTES * per_block
+        ckpt_casts = layers * 2 * per_block
     else:
         layers = train_last
         tensors = [(t, layers) for t in block_tensors]
@@ -276,7 +265,6 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
         weights = pb * cfg.num_parameters()
         g_block = pb * sum(block_tensors)
         ckpt_casts = layers * 2 * sum(i * o for i, o, _ in block_linear_shapes(cfg).values())
-    trainable = trainable_parameters(cfg, lora=lora, train_last=train_last)
     # No gradient flows into the frozen embedding: the lowest block saves less.
     first = (_first_trained_block(cfg, block) if lora is None else
              _lora_block(cfg, everything_block, B, T, precision, lora, quantize_base is not None,

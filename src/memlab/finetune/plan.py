@@ -18,12 +18,14 @@ from memlab.finetune.lora import LoraConfig
 from memlab.gpus import CATALOGUE, get_gpu
 from memlab.measure.step import StepSpec, trace_step
 from memlab.model.transformer import ModelConfig, get_config
+from memlab.quant.sizes import NEOX_20B as NEOX_20B_SHAPE
 
-# GPT-NeoX-20B's shapes (Black et al. 2022, arXiv:2204.06745, Table 1: 44 layers, d_model 6144,
-# 64 heads; its config.json: vocabulary 50,432, untied embeddings). The book's gpt2 style (LayerNorm,
-# GELU MLP of 4 d_model, learned positions instead of rotary) gives the same linear layers.
-NEOX_20B = ModelConfig(name="neox-20b", style="gpt2", vocab_size=50432, n_layer=44, n_head=64,
-                       d_model=6144, max_seq_len=2048, tie_embeddings=False)
+# GPT-NeoX-20B's shapes, as chapter 3 counts its weights (memlab.quant.sizes: 44 layers,
+# d_model 6144, d_ff 24576, vocabulary 50,432) with its 64 heads (Black et al. 2022,
+# arXiv:2204.06745, Table 1) and untied embeddings. The book's gpt2 style (LayerNorm, GELU MLP,
+# learned positions instead of rotary) gives the same linear layers.
+NEOX_20B = ModelConfig(name="neox-20b", style="gpt2", n_head=64, max_seq_len=2048,
+                       tie_embeddings=False, **NEOX_20B_SHAPE)
 
 # The set-ups of the fit table, each with the precision it is usually run in.
 PLAN_SETUPS = (
