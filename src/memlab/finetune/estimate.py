@@ -278,8 +278,7 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
     P = weights
     G = trained_pb * sum(t * k for t, k in tensors)
     S = state_bytes(tensors, trained_pb, optimizer, optimizer_impl, device)
-    scratch = 0 if optimizer == "adamw-8bit" else step_scratch_bytes(tensors, trained_pb,
-                                                                      optimizer, optimizer_impl)
+    scratch = step_scratch_bytes(tensors, trained_pb, optimizer, optimizer_impl)
     A = activation_bytes(saved, layers - 1 if any(t.scope == "lowest" for t in saved)
                          else layers)
     grads = BackwardGrads(g_block, 0, trained_pb * max(t for t, _ in tensors), in_block)

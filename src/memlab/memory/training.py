@@ -189,7 +189,7 @@ def optimizer_step_scratch_bytes(cfg: ModelConfig, precision: str, optimizer: st
 
     foreach Adam(W) computes its update for every parameter at once, so it holds one
     parameter-sized scratch list; the for-loop version holds two of the largest tensor;
-    fused kernels and SGD update in place.
+    fused kernels, SGD and bitsandbytes' 8-bit AdamW update in place.
     """
     return step_scratch_bytes(_param_tensors(cfg), PARAM_BYTES[precision], optimizer,
                               optimizer_impl)
@@ -485,8 +485,6 @@ def estimate(
     else:
         end = P + S + G + (2 * VC if cfg.tied else 0) + tokens
     I_step = optimizer_step_scratch_bytes(cfg, precision, optimizer, optimizer_impl)
-    if optimizer == "adamw-8bit":
-        I_step = 0
     return step_estimate(
         parameters=n, P=P, G=G, S=S, A=A, tokens=tokens, fwd=fwd, bwd=bwd, end=end,
         scratch=I_step, accumulating=accumulating, saved=saved,
