@@ -30,6 +30,7 @@ PARTS = (
     Part("quant", "chapters/03_quantization", "lab03", "Quantization"),
     Part("attention", "chapters/04_attention", "lab04", "Attention"),
     Part("finetune", "chapters/05_finetuning", "lab05", "Fine-tuning with less memory"),
+    Part("distributed", "chapters/06_distributed", "lab06", "Many devices"),
 )
 
 
