@@ -2,8 +2,8 @@
 
 PyTorch's ``CommDebugMode`` counts collectives but not their bytes. :class:`CommCounter` is a
 dispatch mode over the ``c10d`` operators, so it sees every collective issued from Python
-(FSDP2's all-gathers and reduce-scatters, ``ZeroRedundancyOptimizer``'s broadcasts, tensor
-parallelism's all-reduces). DDP's gradient all-reduce is issued by its C++ reducer, which no
+(FSDP2's all-gathers and reduce-scatters, ``ZeroRedundancyOptimizer``'s broadcasts), and over
+the functional ``_c10d_functional`` ones DTensor issues (tensor parallelism's all-reduces). DDP's gradient all-reduce is issued by its C++ reducer, which no
 dispatch mode sees; :func:`counting_allreduce_hook` is a DDP communication hook that counts it.
 
 What is counted for one call is its *payload*: the bytes of the full tensor the collective is
@@ -37,6 +37,18 @@ _OPS = {
     "recv_": ("recv", "in"),
     "alltoall_base_": ("all-to-all", "in"),
 }
+# DTensor (tensor parallelism) issues functional collectives, which return a new tensor
+# instead of writing in place; their group is named by a string: op -> (collective, side)
+_FUNCTIONAL_OPS = {
+    "all_reduce": ("all-reduce", "in"),
+    "all_reduce_coalesced": ("all-reduce", "in"),
+    "all_gather_into_tensor": ("all-gather", "out"),
+    "all_gather_into_tensor_coalesced": ("all-gather", "out"),
+    "reduce_scatter_tensor": ("reduce-scatter", "in"),
+    "reduce_scatter_tensor_coalesced": ("reduce-scatter", "in"),
+    "broadcast": ("broadcast", "in"),
+    "all_to_all_single": ("all-to-all", "in"),
+}
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "send", "recv",
                "all-to-all")
 VOLUME_FACTOR = {"all-reduce": 2, "all-gather": 1, "reduce-scatter": 1, "broadcast": 1,
@@ -62,6 +74,14 @@ def _group_size(args) -> int:
         if isinstance(a, torch.ScriptObject) and "ProcessGroup" in str(a._type()):
             return int(ProcessGroup.unbox(a).size())
     return 1
+
+
+def _named_group_size(args) -> int:
+    """The size of the group a functional collective names by string (its last str argument)."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    names = [a for a in args if isinstance(a, str)]
+    return int(_resolve_process_group(names[-1]).size()) if names else 1
 
 
 def ring_sent_bytes(collective: str, payload: int, group_size: int) -> float:
@@ -98,6 +118,14 @@ class CommCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func.namespace == "_c10d_functional":
+            entry = _FUNCTIONAL_OPS.get(func._schema.name.split("::")[-1])
+            if entry is not None:
+                out = func(*args, **kwargs)
+                collective, side = entry
+                payload = _tensors(out if side == "out" else args[0])
+                self.add(collective, _nbytes(payload), _named_group_size(args))
+                return out
         if func.namespace == "c10d":
             name = func._schema.name.split("::")[-1]
             entry = _OPS.get(name)
