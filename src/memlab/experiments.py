@@ -85,8 +85,9 @@ def describe_sizes(size) -> str:
     if dataclasses.is_dataclass(size) and not isinstance(size, type):
         size = {f.name: getattr(size, f.name) for f in dataclasses.fields(size)}
     if isinstance(size, dict):
-        return ", ".join(f"{k}={{{describe_sizes(v)}}}" if isinstance(v, dict) else f"{k}={v}"
-                         for k, v in size.items())
+        return ", ".join(f"{k}={{{describe_sizes(v)}}}" if isinstance(v, dict)
+                         else f"{k}={getattr(v, 'name', v)}" if dataclasses.is_dataclass(v)
+                         else f"{k}={v}" for k, v in size.items())
     return str(size)
 
 

@@ -154,6 +154,19 @@ CATALOGUE: tuple[GPU, ...] = (
 
 GPU_NAMES = tuple(g.name for g in CATALOGUE)
 
+# Older GPUs that claims and papers name, kept out of the fit tables: the V100 (Volta, 2017)
+# came with 16 or 32 GB of HBM2 and has fp16 tensor cores only (datasheet, quoted).
+LEGACY: tuple[GPU, ...] = (
+    GPU("V100-16GB", _gib(16), "16 GB", "GiB", "HBM2", bf16_tensor_cores=False,
+        flash_attention_2=False, source="https://www.nvidia.com/en-us/data-center/v100/",
+        compute_capability="7.0", tensor_core_formats=("fp16",),
+        peak_tera_ops=(("fp16", 125.0),), bandwidth_bytes_per_s=900e9),
+    GPU("V100-32GB", _gib(32), "32 GB", "GiB", "HBM2", bf16_tensor_cores=False,
+        flash_attention_2=False, source="https://www.nvidia.com/en-us/data-center/v100/",
+        compute_capability="7.0", tensor_core_formats=("fp16",),
+        peak_tera_ops=(("fp16", 125.0),), bandwidth_bytes_per_s=900e9),
+)
+
 
 def get_gpu(name: str | GPU) -> GPU:
     """The catalogue entry for a GPU name such as 'T4' or 'A100-80GB', any case (chapter: 1)."""

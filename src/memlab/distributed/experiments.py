@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 
 from memlab.device import get_scale
+from memlab.distributed.parallel import SIZES as PARALLEL_SIZES
+from memlab.distributed.parallel import ParallelismResult
 from memlab.distributed.sharding import DistributedMemory
 from memlab.experiments import register
 from memlab.results import kept_on_disk
@@ -36,3 +38,21 @@ def _memory(scale: str) -> DistributedMemory:
 def distributed_memory_experiment(scale: str | None = None) -> DistributedMemory:
     """Every strategy on N ranks, held to the ZeRO formulas and to one process (chapter: 6)."""
     return _memory(get_scale(scale))
+
+
+@functools.cache
+@kept_on_disk
+def _parallel(scale: str) -> ParallelismResult:
+    from memlab.distributed.parallel import parallelism
+
+    return parallelism(scale)
+
+
+@register("distributed-parallel", chapter=_CH6,
+          summary="tensor parallelism of one block and pipeline parallelism (GPipe) of the model "
+                  "on 2 ranks: the output against one process, each rank's share of the weights, "
+                  "the collectives, and the pipeline's bubble against (p-1)/(m+p-1)",
+          sizes=PARALLEL_SIZES, result=ParallelismResult)
+def distributed_parallel(scale: str | None = None) -> ParallelismResult:
+    """Tensor and pipeline parallelism on two ranks, each against one process (chapter: 6)."""
+    return _parallel(get_scale(scale))

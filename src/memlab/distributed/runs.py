@@ -304,3 +304,35 @@ def single_process(cfg: ModelConfig, *, steps: int, batch_size: int, seq_len: in
     return losses, {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()}
 
 
+
+
+def one_process_memory(cfg: ModelConfig, *, batch_size: int, seq_len: int,
+                       device: torch.device | str = "cpu") -> dict[str, int]:
+    """Saved activations and peak of one step of one process on the whole batch, bytes (chapter: 6).
+
+    Measured as the ranks measure theirs: the second step (AdamW's states exist), the peak
+    above what is held before it plus that.
+    """
+    from memlab.measure.step import measure_peak
+
+    device = torch.device(device)
+    model = build_model(cfg, seed=0).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, foreach=True)
+    data = batches(cfg, 2, batch_size, seq_len)
+
+    def step(x, y, saved):
+        with saved:
+            loss = lm_loss(model(x.to(device)), y.to(device))
+        loss.backward()
+        opt.step()
+        return saved.bytes
+
+    step(*data[0], _null_saved())
+    opt.zero_grad(set_to_none=True)
+    held = sum(v for k, v in local_state_bytes(model, opt, device).items() if k != "offloaded")
+    saved, peak = measure_peak(step, *data[1], SavedBytes(model), device=device)
+    return dict(activations=saved, peak_bytes=held + peak.peak_allocated_bytes)
+
+
+class _null_saved(_null):
+    bytes = 0

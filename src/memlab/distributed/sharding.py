@@ -21,7 +21,7 @@ import torch
 from memlab.device import device_memory_bytes, pick_device
 from memlab.distributed import zero
 from memlab.distributed.launch import launch
-from memlab.distributed.runs import LR, single_process
+from memlab.distributed.runs import LR, one_process_memory, single_process
 from memlab.distributed.strategies import LABELS, STAGE, STRATEGIES
 from memlab.errors import MemlabError
 from memlab.model.transformer import ModelConfig
@@ -165,6 +165,8 @@ class DistributedMemory:
     lr: float
     reference_losses: tuple[float, ...]  # one process, whole batch
     reference_noise: Agreement | None  # one process run twice (a GPU); None where it repeats exactly
+    reference_activations: int  # one process, whole batch: saved for backward, bytes
+    reference_peak_bytes: int  # one process, whole batch: its step's peak, bytes
     runs: tuple[StrategyRun, ...]
     launch_seconds: float  # the whole launch, process start-up included
 
@@ -203,7 +205,7 @@ def _unmeasured(times: list[float]) -> list[float]:
 
 
 def _formula_gpus(strategy: str, world: int, shard_size: int) -> int:
-    return shard_size if strategy == "hsdp" else world
+    return shard_size if strategy in ("hsdp", "replicate") else world
 
 
 def _rank_memory(answer: dict, strategy: str) -> RankMemory:
@@ -246,8 +248,8 @@ def distributed_memory(cfg: ModelConfig, *, nproc: int = 4, strategies=STRATEGIE
 
     for s in strategies:
         check_choice("strategy", s, STRATEGIES)
-    if nproc < 4 and "hsdp" in strategies:
-        strategies = tuple(s for s in strategies if s != "hsdp")  # a 2-D mesh needs 4 ranks
+    if nproc < 4:  # a 2-D mesh needs 4 ranks; on fewer, sharding factors are not told apart
+        strategies = tuple(s for s in strategies if s not in ("hsdp", "replicate"))
     device = pick_device()
     if device.type not in ("cpu", "cuda"):
         device = torch.device("cpu")
@@ -263,6 +265,8 @@ def distributed_memory(cfg: ModelConfig, *, nproc: int = 4, strategies=STRATEGIE
         if device.type == "cuda":  # the noise floor: one process, twice
             noise = agreement(*single_process(cfg, **one), ref_losses, ref_weights)
         tol = tolerance(lr, steps, noise)
+        ref_memory = one_process_memory(cfg, batch_size=batch_size, seq_len=seq_len,
+                                        device=device)
         runs = []
         n = cfg.num_parameters()
         for s in strategies:
@@ -278,7 +282,8 @@ def distributed_memory(cfg: ModelConfig, *, nproc: int = 4, strategies=STRATEGIE
                 mesh_shape=tuple(first["mesh_shape"]),
                 formula=zero.formula(stage, layout="fp32"),
                 formula_bytes=zero.model_states(n, stage, gpus, layout="fp32").total,
-                comm_formula_bytes=zero.comm_volume(n, stage, bytes_per_value=4),
+                comm_formula_bytes=zero.comm_volume(n, 0 if shard == 1 else stage,
+                                                    bytes_per_value=4),
                 ranks=tuple(_rank_memory(a, s) for a in done.ranks),
                 losses=losses,
                 step_seconds=statistics.median(_unmeasured(first["step_seconds"])),
@@ -288,5 +293,6 @@ def distributed_memory(cfg: ModelConfig, *, nproc: int = 4, strategies=STRATEGIE
         config=asdict(cfg), parameters=n, world_size=nproc, backend=done.ranks[0]["backend"],
         device=done.ranks[0]["device"].split(":")[0], batch_size=batch_size, seq_len=seq_len,
         steps=steps, layout="fp32", lr=lr, reference_losses=tuple(ref_losses),
-        reference_noise=noise, runs=tuple(runs),
+        reference_noise=noise, reference_activations=ref_memory["activations"],
+        reference_peak_bytes=ref_memory["peak_bytes"], runs=tuple(runs),
         launch_seconds=done.wall_s)

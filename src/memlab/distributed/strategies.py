@@ -6,6 +6,7 @@
 | ``zero1``  | DDP + ``ZeroRedundancyOptimizer``                         | 1      | 1/N of the optimizer states   |
 | ``zero2``  | FSDP2 ``fully_shard(reshard_after_forward=False)``        | 2      | 1/N of states and gradients; parameters gathered from forward to backward |
 | ``zero3``  | FSDP2 ``fully_shard(reshard_after_forward=True)``         | 3      | 1/N of everything; a block's parameters gathered only while it computes |
+| ``replicate`` | FSDP2 over a (N x 1) mesh: sharding factor 1           | -      | everything, as DDP            |
 | ``hsdp``   | FSDP2 over a 2-D mesh (replicate x shard)                 | 3 in a group | 1/shard of everything   |
 | ``offload``| FSDP2 + ``CPUOffloadPolicy``                              | 3      | parameters, gradients and states in CPU memory |
 
@@ -22,14 +23,16 @@ import torch.nn as nn
 
 from memlab.errors import MemlabError, check_choice
 
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "offload")
-STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "hsdp": 3, "offload": 3}
-FSDP_STRATEGIES = ("zero2", "zero3", "hsdp", "offload")
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "replicate", "hsdp", "offload")
+STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "replicate": 3, "hsdp": 3, "offload": 3}
+FSDP_STRATEGIES = ("zero2", "zero3", "replicate", "hsdp", "offload")
+SHARDING_FACTORS = ("replicate", "hsdp", "zero3")  # FSDP2 sharding over 1, 2 and all ranks
 LABELS = {
     "ddp": "DDP",
     "zero1": "ZeRO-1 (ZeroRedundancyOptimizer)",
     "zero2": "ZeRO-2 (FSDP2, kept after forward)",
     "zero3": "ZeRO-3 (FSDP2, resharded)",
+    "replicate": "FSDP2, sharding factor 1",
     "hsdp": "hybrid (FSDP2, 2-D mesh)",
     "offload": "ZeRO-3 + CPU offload",
 }
@@ -55,8 +58,9 @@ def shard_mesh(strategy: str, world: int, device: torch.device, shard_size: int 
     """The device mesh FSDP2 shards over: 1-D, or (replicate, shard) for hybrid sharding (chapter: 6)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if strategy == "hsdp":
-        shard = shard_size or (2 if world % 2 == 0 and world > 2 else world)
+    if strategy in ("hsdp", "replicate"):
+        shard = 1 if strategy == "replicate" else (
+            shard_size or (2 if world % 2 == 0 and world > 2 else world))
         if world % shard:
             raise MemlabError(f"hybrid sharding needs a shard size that divides the {world} "
                               f"ranks, got {shard}")

@@ -1,0 +1,383 @@
+"""Chapter 6's claims (C28-C38): each ``evidence()`` computes the numbers, each ``decide(ev)`` the level."""
+
+from __future__ import annotations
+
+from memlab import claims
+from memlab.distributed.experiments import distributed_memory_experiment, distributed_parallel
+from memlab.results import recorded
+from memlab.units import to_unit
+
+_CH6 = "chapters/06_distributed"
+
+
+def _mib(n: float) -> str:
+    unit = "GiB" if n >= 2**30 else "MiB"
+    return f"{to_unit(n, unit):.2f} {unit}"
+
+
+def _memory() -> dict:
+    """The measured runs, rank 0 of each strategy (plus every rank's model states)."""
+    r = distributed_memory_experiment()
+    runs = {}
+    for run in r.runs:
+        k = run.ranks[0]
+        runs[run.strategy] = dict(
+            parameters=k.parameters, gradients=k.gradients, optimizer_states=k.optimizer_states,
+            after_forward=k.parameters_after_forward, activations=k.activations,
+            peak=k.peak_bytes, model_states=[x.model_states for x in run.ranks],
+            formula=run.formula_bytes, formula_text=run.formula, shard_size=run.shard_size,
+            comm=k.comm_volume_bytes, comm_formula=run.comm_formula_bytes,
+            collectives=sorted(k.comm), timeline=[b for _, b in run.gather_timeline],
+            matches=run.matches_one_process)
+    return dict(world=r.world_size, parameters=r.parameters, device=r.device,
+                backend=r.backend, reference_activations=r.reference_activations,
+                reference_peak=r.reference_peak_bytes, runs=runs)
+
+
+# C28 -------------------------------------------------------------------------------------------
+def c28_evidence() -> dict:
+    """Each DDP rank's measured parameter, gradient and optimizer-state bytes against the whole model's, and its activations against one process's (chapter: 6)."""
+    m = _memory()
+    n = m["parameters"]
+    return dict(m, full=dict(parameters=4 * n, gradients=4 * n, optimizer_states=8 * n),
+                tolerance=0.01)
+
+
+def _c28(ev: dict) -> claims.Verdict:
+    ddp, full, tol = ev["runs"]["ddp"], ev["full"], ev["tolerance"]
+    ratios = {k: ddp[k] / v for k, v in full.items()}
+    every = all(abs(r - 1) <= tol for r in ratios.values())
+    share = ddp["activations"] / ev["reference_activations"]
+    split = share <= 1.1 / ev["world"]
+    return claims.judge(
+        "", every,
+        f"measured on {ev['world']} ranks ({ev['backend']}): each DDP rank holds "
+        + ", ".join(f"{k.replace('_', ' ')} {r:.3f}x the whole model's" for k, r in ratios.items())
+        + f"; its activations are {share:.2f} of one process's on the whole batch",
+        caveat_applies=every and split,
+        caveat=f"every rank holds all three, but only its own micro-batch's activations "
+               f"({share:.2f} of the whole batch's on {ev['world']} ranks): the batch is what "
+               "DDP splits",
+        correction="a DDP rank here holds less than the whole model's states")
+
+
+@claims.register("C28", _CH6, "DDP needs the full model, gradients and optimizer states on every "
+                 "GPU.", evidence=c28_evidence)
+def c28(ev: dict) -> claims.Verdict:
+    """Holds if every category of a DDP rank is the whole model's within ``tolerance``; caveat if its activations are only its share of the batch; wrong otherwise."""
+    return claims.with_sensitivity(_c28, ev, "tolerance", (0.001, 0.01, 0.05),
+                                   lambda t: f"a tolerance of {t:.1%}")
+
+
+# C29 -------------------------------------------------------------------------------------------
+def c29_evidence() -> dict:
+    """A DDP rank's measured model states and peak against one process on the whole batch, and a ZeRO-3 rank's (chapter: 6)."""
+    m = _memory()
+    return dict(m, saving=0.2)
+
+
+def _c29(ev: dict) -> claims.Verdict:
+    ddp, z3 = ev["runs"]["ddp"], ev["runs"]["zero3"]
+    n, world = ev["parameters"], ev["world"]
+    states_same = abs(sum(ddp["model_states"][:1]) / (16 * n) - 1) <= 0.01
+    peak_cut = 1 - ddp["peak"] / ev["reference_peak"]
+    z3_cut = 1 - z3["peak"] / ev["reference_peak"]
+    return claims.judge(
+        "", states_same,
+        f"measured on {world} ranks: a DDP rank's model states are "
+        f"{ddp['model_states'][0] / (16 * n):.3f}x one process's (16 bytes per parameter); its "
+        f"peak is {_mib(ddp['peak'])} against {_mib(ev['reference_peak'])} for one process on "
+        f"the whole batch ({peak_cut:.0%} less); a ZeRO-3 rank's {_mib(z3['peak'])} "
+        f"({z3_cut:.0%} less). Speed across GPUs is not measured here (one machine, "
+        f"{ev['device']} ranks)",
+        caveat_applies=states_same and peak_cut >= ev["saving"],
+        caveat=f"DDP does cut each GPU's peak when the global batch is split ({peak_cut:.0%} here), "
+               "through the activations of the smaller micro-batch; the model's states it "
+               "never cuts, which is what ZeRO does",
+        correction="DDP's ranks here hold less than one process's model states")
+
+
+@claims.register("C29", _CH6, "DDP's benefit is training speed, not memory.",
+                 evidence=c29_evidence)
+def c29(ev: dict) -> claims.Verdict:
+    """Holds if a DDP rank keeps one process's model states; caveat if splitting the batch still cuts its peak by ``saving``; wrong if the states shrink."""
+    return claims.with_sensitivity(_c29, ev, "saving", (0.05, 0.2, 0.5, 0.8),
+                                   lambda s: f"a peak saving of {s:.0%}")
+
+
+# C30 -------------------------------------------------------------------------------------------
+def c30_evidence() -> dict:
+    """Per-rank parameters, gradients and activations of ZeRO-3 (FSDP2) against DDP's, measured (chapter: 6)."""
+    return dict(_memory(), tolerance=0.05)
+
+
+def _c30(ev: dict) -> claims.Verdict:
+    ddp, z3, world, tol = ev["runs"]["ddp"], ev["runs"]["zero3"], ev["world"], ev["tolerance"]
+    share = {k: z3[k] / ddp[k] for k in ("parameters", "gradients", "activations")}
+    states = all(abs(share[k] * world - 1) <= tol for k in ("parameters", "gradients"))
+    acts = abs(share["activations"] * world - 1) <= tol
+    same = {s: r["activations"] for s, r in ev["runs"].items()}
+    return claims.judge(
+        "", states,
+        f"measured per rank on {world} ranks, ZeRO-3 (FSDP2) / DDP: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in share.items())
+        + "; saved activations per rank, every strategy: "
+        + ", ".join(f"{s} {_mib(v)}" for s, v in same.items()),
+        caveat_applies=states and not acts,
+        caveat=f"parameters and gradients, yes (1/{world} each); activations, no: every rank "
+               "keeps the activations of its own micro-batch, exactly as under DDP, whatever "
+               "the sharding",
+        correction="FSDP here does not split parameters and gradients by the number of ranks")
+
+
+@claims.register("C30", _CH6, "FSDP shards parameters, gradients and activations across GPUs.",
+                 evidence=c30_evidence)
+def c30(ev: dict) -> claims.Verdict:
+    """Holds if ZeRO-3's parameters, gradients and activations are each 1/N of DDP's within ``tolerance``; caveat if only parameters and gradients are; wrong otherwise."""
+    return claims.with_sensitivity(_c30, ev, "tolerance", (0.01, 0.05, 0.2),
+                                   lambda t: f"a tolerance of {t:.0%}")
+
+
+# C32 -------------------------------------------------------------------------------------------
+def c32_evidence() -> dict:
+    """Bytes each rank communicated per step with each strategy, measured, over DDP's (chapter: 6)."""
+    return dict(_memory(), close=1.1, far=2.0)
+
+
+def _c32(ev: dict) -> claims.Verdict:
+    runs = ev["runs"]
+    ddp = runs["ddp"]["comm"]
+    over = {s: runs[s]["comm"] / ddp for s in ("zero1", "zero2", "zero3") if s in runs}
+    worst = max(over.values())
+    return claims.judge(
+        "", worst <= ev["far"],
+        f"measured on {ev['world']} ranks, volume per step (payloads, an all-reduce twice) over "
+        f"DDP's 2Ψ: " + ", ".join(f"{s} {r:.2f}x" for s, r in over.items())
+        + f"; the ZeRO paper's: 1x, 1x, 1.5x. PyTorch's ZeRO-1 all-reduces the whole gradient "
+          f"and then broadcasts each rank's updated parameters ({', '.join(runs['zero1']['collectives'])})",
+        caveat_applies=worst <= ev["far"] and worst > ev["close"],
+        caveat=f"stage 3 moves {over.get('zero3', 0):.1f}x DDP's bytes (every parameter gathered "
+               "twice, once for forward and once for backward), and PyTorch's ZeRO-1 "
+               f"{over.get('zero1', 0):.1f}x; only stage 2 stays at DDP's",
+        correction=f"a stage here moves {worst:.1f}x DDP's bytes")
+
+
+@claims.register("C32", _CH6, "ZeRO's communication stays close to DDP's.", evidence=c32_evidence)
+def c32(ev: dict) -> claims.Verdict:
+    """Holds if every stage moves at most ``close`` x DDP's bytes; caveat if one moves more, up to ``far``; wrong beyond."""
+    return claims.with_sensitivity(_c32, ev, "close", (1.05, 1.1, 1.6),
+                                   lambda c: f"'close' taken as within {c:g}x")
+
+
+# C33 -------------------------------------------------------------------------------------------
+def c33_evidence() -> dict:
+    """Bytes of parameters FSDP held gathered at each block's forward and backward, both reshard settings, measured on rank 0 (chapter: 6)."""
+    from memlab.model.transformer import build_model
+
+    r = distributed_memory_experiment()
+    block = 4 * sum(p.numel() for p in build_model(_cfg(r), device="meta").blocks[0].parameters())
+    m = _memory()
+    return dict(world=m["world"], block=block, n_blocks=r.config["n_layer"],
+                zero3=m["runs"]["zero3"]["timeline"], zero2=m["runs"]["zero2"]["timeline"],
+                prefetch=2)
+
+
+def _cfg(r):
+    from memlab.model.transformer import ModelConfig
+
+    return ModelConfig(**r.config)
+
+
+def _c33(ev: dict) -> claims.Verdict:
+    block, z3, z2 = ev["block"], ev["zero3"], ev["zero2"]
+    most3, most2 = max(z3), max(z2)
+    frees = z3.count(0) >= ev["n_blocks"]  # freed again after each block
+    holds = frees and most3 <= ev["prefetch"] * block
+    return claims.judge(
+        "", holds,
+        f"measured on rank 0 of {ev['world']}: with resharding after forward (ZeRO-3), at most "
+        f"{most3 / block:.1f} blocks' parameters are gathered at any mark, and nothing at "
+        f"{z3.count(0)} of the {len(z3)} marks; without it (ZeRO-2), up to {most2 / block:.1f} blocks' "
+        f"({_mib(most2)}) stay gathered from forward to backward",
+        caveat_applies=holds and most2 > ev["prefetch"] * block,
+        caveat="that is the default (reshard_after_forward=True); with False, FSDP gathers each "
+               "block once for the forward and keeps it until its backward has run: fewer "
+               "all-gathers, all the parameters held at once",
+        correction="the gathered parameters here are not freed after each block")
+
+
+@claims.register("C33", _CH6, "FSDP gathers the full parameters just before each forward and "
+                 "backward computation and frees them afterwards.", evidence=c33_evidence)
+def c33(ev: dict) -> claims.Verdict:
+    """Holds if ZeRO-3 holds at most ``prefetch`` blocks gathered and frees them after each; caveat if the other reshard setting keeps more; wrong otherwise."""
+    return claims.with_sensitivity(_c33, ev, "prefetch", (1, 2, 3),
+                                   lambda p: f"at most {p} blocks gathered at once")
+
+
+# C34 -------------------------------------------------------------------------------------------
+def c34_evidence() -> dict:
+    """Per-rank model states, peak and collectives of FSDP2 at sharding factors 1, 2 and N, with DDP's, measured (chapter: 6)."""
+    return dict(_memory(), tolerance=0.05)
+
+
+def _c34(ev: dict) -> claims.Verdict:
+    runs, world, tol = ev["runs"], ev["world"], ev["tolerance"]
+    ddp = runs["ddp"]
+    factors = {runs[s]["shard_size"]: runs[s] for s in ("replicate", "hsdp", "zero3") if s in runs}
+    shares = {f: r["model_states"][0] / ddp["model_states"][0] for f, r in factors.items()}
+    as_expected = all(abs(shares[f] * f - 1) <= tol for f in shares)
+    one = factors.get(1)
+    like_ddp_peak = one is not None and abs(one["peak"] / ddp["peak"] - 1) <= tol
+    return claims.judge(
+        "", as_expected and 1 in factors and world in factors,
+        f"measured on {world} ranks, model states per rank over DDP's: "
+        + ", ".join(f"factor {f}: {s:.3f}" for f, s in sorted(shares.items()))
+        + (f"; factor 1's peak {_mib(one['peak'])} against DDP's {_mib(ddp['peak'])}, "
+           f"collectives {', '.join(one['collectives'])}" if one else ""),
+        caveat_applies=as_expected and not like_ddp_peak,
+        caveat="factor 1 splits nothing and all-reduces like DDP, but FSDP still keeps a "
+               "gathered copy of each unit beside its own 'shard' during the step, so its peak "
+               "is above DDP's",
+        correction="the states per rank do not follow 1/factor")
+
+
+@claims.register("C34", _CH6, "A sharding factor of 1 behaves like DDP, the full GPU count gives "
+                 "full sharding, and values in between give hybrid sharding.",
+                 evidence=c34_evidence)
+def c34(ev: dict) -> claims.Verdict:
+    """Holds if model states per rank are 1/factor of DDP's and factor 1's peak is DDP's within ``tolerance``; caveat if only the states follow; wrong otherwise."""
+    return claims.with_sensitivity(_c34, ev, "tolerance", (0.01, 0.05, 0.3),
+                                   lambda t: f"a tolerance of {t:.0%}")
+
+
+# C35 -------------------------------------------------------------------------------------------
+def c35_evidence() -> dict:
+    """GPU peak and step time of ZeRO-3 with and without CPU offload, from a recorded GPU run (chapter: 6)."""
+    rec = recorded("distributed-memory", device="cuda")
+    if rec is None:
+        return dict(recorded=None, share=0.5)
+    runs = {r["strategy"]: r for r in rec.result["runs"]}
+    pick = {s: dict(peak=runs[s]["ranks"][0]["peak_bytes"], seconds=runs[s]["step_seconds"],
+                    offloaded=runs[s]["ranks"][0]["offloaded_bytes"],
+                    activations=runs[s]["ranks"][0]["activations"])
+            for s in ("zero3", "offload")}
+    return dict(recorded=dict(device=rec.provenance.get("device_name"),
+                              date=str(rec.provenance.get("date", ""))[:10],
+                              parameters=rec.result["parameters"], **pick), share=0.5)
+
+
+def _c35(ev: dict) -> claims.Verdict:
+    r = ev["recorded"]
+    if r is None:
+        return claims.not_judged("", "no GPU run of distributed-memory is recorded",
+                                 "on a CPU the 'GPU memory' and the host's are the same memory")
+    z3, off = r["zero3"], r["offload"]
+    saved = 1 - off["peak"] / z3["peak"]
+    slower = off["seconds"] / z3["seconds"]
+    holds = saved > 0 and slower > 1
+    return claims.judge(
+        "", holds,
+        f"recorded on {r['device']} ({r['date']}), {r['parameters']:,} parameters, one rank: "
+        f"ZeRO-3's GPU peak {_mib(z3['peak'])}, with CPU offload {_mib(off['peak'])} "
+        f"({saved:.0%} less; {_mib(off['offloaded'])} moved to CPU memory); a step "
+        f"{z3['seconds']:.2f} s against {off['seconds']:.2f} s ({slower:.1f}x slower)",
+        caveat_applies=holds and saved < ev["share"],
+        caveat=f"only the model's states move: the activations ({_mib(off['activations'])}) "
+               f"stay on the GPU, so the peak fell by {saved:.0%}, and the optimizer step on the "
+               f"CPU made each step {slower:.0f}x slower",
+        correction="offload here did not lower the GPU peak, or did not cost time")
+
+
+@claims.register("C35", _CH6, "Offloading to the CPU reduces GPU memory at a cost in speed.",
+                 evidence=c35_evidence)
+def c35(ev: dict) -> claims.Verdict:
+    """Holds if offload lowers the recorded GPU peak and lengthens the step; caveat if it saves less than ``share`` of the peak; wrong otherwise; not judged without a GPU record."""
+    if ev["recorded"] is None:
+        return _c35(ev)
+    return claims.with_sensitivity(_c35, ev, "share", (0.25, 0.5, 0.75),
+                                   lambda s: f"a saving threshold of {s:.0%}")
+
+
+# C37 -------------------------------------------------------------------------------------------
+# Zhao et al., "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel" (VLDB 2023,
+# arXiv 2304.11277), section 5.1: "8 to 512 A100 80GB GPUs interconnected by a 2Tb/s RoCE network".
+FSDP_PAPER = dict(gpu="A100-80GB", gpus=(8, 512), network="2 Tb/s RoCE",
+                  source="Zhao et al. 2023, arXiv 2304.11277, section 5.1")
+CLAIMED = dict(gpu="V100", memory_gb=80, gpus=512)
+
+
+def c37_evidence() -> dict:
+    """The V100's memory sizes from the GPU catalogue, and the FSDP paper's hardware as quoted (chapter: 6)."""
+    from memlab.gpus import LEGACY, get_gpu
+
+    v100 = {g.name: g.memory_label for g in LEGACY if g.name.startswith("V100")}
+    return dict(claimed=dict(CLAIMED), v100=v100, paper=dict(FSDP_PAPER),
+                paper_memory=get_gpu(FSDP_PAPER["gpu"]).memory_label)
+
+
+@claims.register("C37", _CH6, "Those FSDP results were measured on 512 V100 GPUs with 80 GB each.",
+                 evidence=c37_evidence)
+def c37(ev: dict) -> claims.Verdict:
+    """Holds if a V100 has the claimed memory and the paper used V100s; caveat if only one of the two; wrong if neither."""
+    c = ev["claimed"]
+    sizes = [int(label.split()[0]) for label in ev["v100"].values()]
+    exists = any(s >= c["memory_gb"] for s in sizes)
+    paper_gpu = ev["paper"]["gpu"]
+    used = paper_gpu.startswith(c["gpu"])
+    count_ok = c["gpus"] == max(ev["paper"]["gpus"])
+    return claims.judge(
+        "", exists and used and count_ok,
+        f"the V100 came with {' or '.join(ev['v100'].values())} (catalogue), never "
+        f"{c['memory_gb']} GB; the paper's cluster, quoted: {ev['paper']['gpus'][0]} to "
+        f"{ev['paper']['gpus'][1]} {paper_gpu} GPUs ({ev['paper_memory']}) on "
+        f"{ev['paper']['network']} ({ev['paper']['source']})",
+        caveat_applies=(exists != used) and count_ok,
+        caveat="one of the two details is off",
+        correction=f"the runs used up to {max(ev['paper']['gpus'])} {paper_gpu} GPUs with "
+                   f"{ev['paper_memory']} each; no V100 has 80 GB")
+
+
+# C38 -------------------------------------------------------------------------------------------
+def c38_evidence() -> dict:
+    """Tensor parallelism's weight share and error per rank, the pipeline's layers per stage and its bubble, measured on 2 ranks; data parallelism's activations per rank (chapter: 6)."""
+    from memlab.distributed.parallel import split_stages
+    from memlab.model.transformer import ModelConfig, build_model
+
+    p = distributed_parallel()
+    m = _memory()
+    stages = split_stages(build_model(ModelConfig(**p.pp_config), device="meta"), p.world_size)
+    blocks = [len(s.blocks) for s in stages]
+    return dict(tp_share=[r.shard_share for r in p.tp_ranks], tp_error=p.tp_max_error,
+                tp_forward_calls=sum(v["calls"] for v in p.tp_ranks[0].forward_comm.values()),
+                pp_blocks=blocks, pp_n_layer=p.pp_config["n_layer"],
+                pp_bubble={r.microbatches: r.mean_bubble for r in p.pp_runs},
+                pp_formula={r.microbatches: r.formula for r in p.pp_runs},
+                pp_match=all(r.matches_one_process for r in p.pp_runs),
+                dp_share=m["runs"]["ddp"]["activations"] / m["reference_activations"],
+                dp_world=m["world"], world=p.world_size, bubble=0.05)
+
+
+@claims.register("C38", _CH6, "Data, pipeline and tensor parallelism split the data, the layers, "
+                 "and the tensors within a layer, respectively.", evidence=c38_evidence)
+def c38(ev: dict) -> claims.Verdict:
+    """Holds if each rank holds 1/N of the data's activations, of the layers and of each split weight; caveat if the pipeline idles more than ``bubble`` or tensor parallelism communicates inside the layer; wrong otherwise."""
+    w = ev["world"]
+    tp_ok = all(abs(s * w - 1) < 1e-9 for s in ev["tp_share"]) and ev["tp_error"] < 1e-4
+    pp_ok = sum(ev["pp_blocks"]) == ev["pp_n_layer"] and len(set(ev["pp_blocks"])) == 1
+    dp_ok = abs(ev["dp_share"] * ev["dp_world"] - 1) < 0.05
+    idle = max(ev["pp_bubble"].values())
+    return claims.judge(
+        "", tp_ok and pp_ok and dp_ok and ev["pp_match"],
+        f"measured: data parallelism on {ev['dp_world']} ranks, each rank's activations "
+        f"{ev['dp_share']:.3f} of one process's; pipeline on {w} stages, blocks per stage "
+        f"{ev['pp_blocks']}, bubble "
+        + ", ".join(f"{b:.2f} (formula {ev['pp_formula'][mb]:.2f}) at m={mb}"
+                    for mb, b in ev["pp_bubble"].items())
+        + f"; tensor parallelism on {w} ranks, each split weight {ev['tp_share'][0]:.2f} per "
+          f"rank, output error {ev['tp_error']:.1e}, {ev['tp_forward_calls']} all-reduces per "
+          "block's forward",
+        caveat_applies=idle > ev["bubble"] or ev["tp_forward_calls"] > 0,
+        caveat=f"each split has a price the others lack: the pipeline idles (a bubble of "
+               f"{idle:.0%} here), tensor parallelism all-reduces activations inside every "
+               "layer, data parallelism all-reduces gradients every step",
+        correction="a split here does not give each rank its share")
