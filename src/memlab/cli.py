@@ -6,6 +6,8 @@
     memlab estimate --model <preset|config.json> --batch-size B --seq-len S [options] [--json]
     memlab estimate --inference --model M --batch-size B --seq-len S [--new-tokens N]
                     [--precision P] [--kv-precision P] [--json]   generation with a KV cache
+    memlab estimate ... --gpus N [--zero-stage 0-3] [--offload none|optimizer|params]
+                                                 one of N data-parallel GPUs (ZeRO, FSDP)
     memlab trace    (the same options)           measure under FakeTensorMode instead
     memlab bits <value> [--format <fmt>] [--json] how a value is stored (all formats by default)
 
@@ -134,6 +136,14 @@ def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
                        help="with --inference: tokens generated, out of --seq-len (default 1)")
         p.add_argument("--kv-precision", default=None,
                        help="with --inference: the KV cache's dtype (default: --precision)")
+        p.add_argument("--zero-stage", type=int, default=None,
+                       help="data parallelism over --gpus GPUs with ZeRO stage 0 (DDP), 1, 2 or "
+                            "3: estimate one GPU's memory")
+        p.add_argument("--gpus", type=int, default=None,
+                       help="the number of data-parallel GPUs (alone: stage 0, DDP)")
+        p.add_argument("--offload", default=None,
+                       help="with --zero-stage: none (default), optimizer (stage 1-3) or params "
+                            "(stage 3): model states kept in CPU memory")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -198,6 +208,9 @@ def _cmd_step(args, mode: str) -> int:
     from memlab.measure.step import StepSpec, trace_step
     from memlab.model.transformer import get_config
 
+    sharded = getattr(args, "zero_stage", None) is not None or getattr(args, "gpus", None) is not None
+    if sharded or getattr(args, "offload", None) is not None:
+        return _cmd_sharded(args)
     if getattr(args, "inference", False):
         return _cmd_inference(args)
     if getattr(args, "new_tokens", None) is not None or getattr(args, "kv_precision", None):
@@ -216,6 +229,50 @@ def _cmd_step(args, mode: str) -> int:
     else:
         print(result.table())
         print(f"trainable parameters: {trainable:,}")
+    return 0
+
+
+def _cmd_sharded(args) -> int:
+    """``memlab estimate --zero-stage S --gpus N [--offload O]``: one GPU's memory under data parallelism."""
+    from memlab.distributed.estimate import estimate_sharded
+    from memlab.distributed.zero import check_gpus, check_offload, check_stage
+    from memlab.finetune.estimate import estimate_finetune
+    from memlab.measure.step import StepSpec
+    from memlab.model.transformer import get_config
+
+    flag = "--zero-stage" if args.zero_stage is not None else "--gpus"
+    if args.zero_stage is None and args.gpus is None:
+        raise MemlabError("--offload needs --zero-stage 1, 2 or 3 and --gpus N")
+    if args.inference or args.new_tokens is not None or args.kv_precision is not None:
+        raise MemlabError(f"{flag} models a data-parallel training step; sharded inference is "
+                          "not modelled: drop --inference, --new-tokens, --kv-precision")
+    finetune = [f for f, v in (("--lora-rank", args.lora_rank), ("--lora-alpha", args.lora_alpha),
+                               ("--lora-targets", args.lora_targets), ("--freeze", args.freeze),
+                               ("--quantize-base", args.quantize_base)) if v is not None]
+    if finetune:
+        raise MemlabError(f"{flag} with {finetune[0]}: sharding a fine-tuning set-up is not "
+                          f"modelled; {flag} estimates a full training step")
+    stage = 0 if args.zero_stage is None else check_stage(args.zero_stage)
+    if args.gpus is None:
+        raise MemlabError("--zero-stage needs --gpus N, the number of data-parallel GPUs")
+    gpus = check_gpus(args.gpus)
+    offload = check_offload("none" if args.offload is None else args.offload, stage)
+    spec = StepSpec(get_config(args.model), batch_size=args.batch_size, seq_len=args.seq_len,
+                    precision=args.precision or "fp32", optimizer=args.optimizer or "adamw",
+                    optimizer_impl=args.optimizer_impl or "foreach",
+                    checkpointing=args.checkpointing, grad_accum_steps=args.grad_accum,
+                    attention=args.attention)
+    est = estimate_sharded(spec, zero_stage=stage, gpus=gpus, offload=offload, device=args.device)
+    if args.json:
+        one_gpu = estimate_finetune(spec, device=args.device)
+        print(json.dumps(_step_json(one_gpu, "estimate") | dict(
+            trainable_parameters=spec.config.num_parameters(), zero_stage=stage, gpus=gpus,
+            offload=offload, layout=est.layout,
+            per_gpu_model_state_bytes=est.per_gpu_model_state_bytes,
+            per_gpu_peak_bytes=est.per_gpu_peak_bytes, per_gpu_peak_phase=est.peak_phase,
+            cpu_offloaded_bytes=est.cpu_offloaded_bytes)))
+    else:
+        print(est.table())
     return 0
 
 

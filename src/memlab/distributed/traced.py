@@ -25,7 +25,7 @@ from memlab.measure.step import default_dtype
 from memlab.model.transformer import ModelConfig, build_model, get_config, lm_loss
 from memlab.units import to_unit
 
-PRECISIONS = ("fp32", "bf16-mixed")  # bf16-mixed: bf16 gathered parameters, fp32 reductions
+TRACED_PRECISIONS = ("fp32", "bf16-mixed")  # bf16-mixed: bf16 gathered parameters, fp32 reductions
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def _check(model, gpus, reshard_after_forward, precision, batch_size, seq_len,
                        ("checkpointing", checkpointing)):
         if not isinstance(flag, bool):
             raise MemlabError(f"{name} must be True or False, got {flag!r}")
-    check_choice("precision", precision, PRECISIONS)
+    check_choice("precision", precision, TRACED_PRECISIONS)
     check_positive_int("batch_size", batch_size)
     check_positive_int("seq_len", seq_len)
     if seq_len > cfg.max_seq_len:

@@ -165,6 +165,11 @@ PRESETS: dict[str, ModelConfig] = {
         name="llama3-8b", vocab_size=128256, n_layer=32, n_head=32, n_kv_head=8, d_model=4096,
         d_ff=14336, max_seq_len=8192, rope_theta=500000.0,
     ),
+    # Llama 3.1 405B's shape (the book keeps llama3-8b's max_seq_len of 8192).
+    "llama3-405b": ModelConfig(
+        name="llama3-405b", vocab_size=128256, n_layer=126, n_head=128, n_kv_head=8,
+        d_model=16384, d_ff=53248, max_seq_len=8192, rope_theta=500000.0,
+    ),
     "mistral-7b": ModelConfig(
         name="mistral-7b", vocab_size=32000, n_layer=32, n_head=32, n_kv_head=8, d_model=4096,
         d_ff=14336, max_seq_len=32768, rope_theta=1000000.0,
