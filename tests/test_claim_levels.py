@@ -50,6 +50,20 @@ def _c26_peaks(ev, int8, int8_ckpt):
     return ev
 
 
+def _runs(ev, strategy, **kw):
+    """Chapter 6: set fields of one strategy's run in the evidence."""
+    ev = copy.deepcopy(ev)
+    ev["runs"][strategy].update(kw)
+    return ev
+
+
+def _rec(ev, strategy, **kw):
+    """C35: set fields of one strategy in the recorded GPU run."""
+    ev = copy.deepcopy(ev)
+    ev["recorded"][strategy].update(kw)
+    return ev
+
+
 def _rule_cases(n_points):
     """C02/C03/C04: move each rule relative to its floor."""
     def at(ev, factor):
@@ -188,10 +202,45 @@ CASES = {
             WRONG: lambda ev: _set(ev, ("unmerged", "identical"), False)},
     "C26": {HOLDS: lambda ev: _c26_peaks(ev, 0.5, 0.5), CAVEAT: lambda ev: _c26_peaks(ev, 2, 0.5),
             WRONG: lambda ev: _c26_peaks(ev, 2, 2)},
+    "C28": {HOLDS: lambda ev: _runs(ev, "ddp", activations=ev["reference_activations"]),
+            CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: _runs(ev, "ddp", parameters=ev["full"]["parameters"] // 2)},
+    "C29": {HOLDS: lambda ev: _runs(ev, "ddp", peak=ev["reference_peak"]), CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: _runs(ev, "ddp", model_states=[
+                x // 4 for x in ev["runs"]["ddp"]["model_states"]])},
+    "C30": {HOLDS: lambda ev: _runs(ev, "zero3", activations=ev["runs"]["ddp"]["activations"]
+                                    / ev["world"]),
+            CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: _runs(ev, "zero3", parameters=ev["runs"]["ddp"]["parameters"])},
+    "C31": {HOLDS: lambda ev: _set(ev, ("peak_cut", 3), float(ev["gpus"])), CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: _set(ev, ("limits", "mixed", 1), 2.0)},
+    "C32": {HOLDS: lambda ev: _runs(_runs(ev, "zero1", comm=ev["runs"]["ddp"]["comm"]), "zero3",
+                                    comm=ev["runs"]["ddp"]["comm"]),
+            CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: _runs(ev, "zero3", comm=3 * ev["runs"]["ddp"]["comm"])},
+    "C33": {HOLDS: lambda ev: {**ev, "zero2": list(ev["zero3"])}, CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: {**ev, "zero3": [5 * ev["block"]] * len(ev["zero3"])}},
+    "C34": {HOLDS: lambda ev: _runs(ev, "replicate", peak=ev["runs"]["ddp"]["peak"]),
+            CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: _runs(ev, "hsdp", model_states=ev["runs"]["ddp"]["model_states"])},
+    "C35": {HOLDS: lambda ev: _rec(ev, "offload", peak=ev["recorded"]["zero3"]["peak"] // 4),
+            CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: _rec(ev, "offload", seconds=ev["recorded"]["zero3"]["seconds"] / 2),
+            NOT_JUDGED: lambda ev: {**ev, "recorded": None}},
+    "C36": {HOLDS: lambda ev: {**ev, "speed": ev["quoted_drop"]}, CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: _set(ev, ("ddp", "T5-11B"), 1)},
+    "C37": {HOLDS: lambda ev: {**ev, "v100": {"V100-80GB": "80 GB"},
+                               "paper": {**ev["paper"], "gpu": "V100-80GB"}},
+            CAVEAT: lambda ev: {**ev, "v100": {"V100-80GB": "80 GB"}}, WRONG: lambda ev: ev},
+    "C38": {HOLDS: lambda ev: {**ev, "pp_bubble": {m: 0.0 for m in ev["pp_bubble"]},
+                               "tp_forward_calls": 0},
+            CAVEAT: lambda ev: ev, WRONG: lambda ev: {**ev, "tp_share": [1.0, 1.0]}},
     "C43": {HOLDS: _c43_timed((0.5, 0.6, 0.7)), CAVEAT: _c43_timed((1.5, 1.2, 0.7)),
             WRONG: _c43_timed((1.5, 1.2, 1.1)), NOT_JUDGED: lambda ev: {**ev, "timed": {}}},
 }
-TRAINING = {"C14", "C16", "C17", "C18", "C19", "C22", "C24", "C25"}
+# C28-C34 and C38 launch processes (torchrun, about 30 s); their evidence is shared
+TRAINING = {"C14", "C16", "C17", "C18", "C19", "C22", "C24", "C25", "C28", "C29", "C30", "C31",
+            "C32", "C33", "C34", "C38"}
 
 
 def test_every_claim_has_cases_for_every_judged_level():

@@ -5,9 +5,12 @@ from __future__ import annotations
 import functools
 
 from memlab.device import get_scale
+from memlab.distributed.deepspeed_zero import SIZES as DEEPSPEED_SIZES
+from memlab.distributed.deepspeed_zero import DeepSpeedComparison
 from memlab.distributed.parallel import SIZES as PARALLEL_SIZES
 from memlab.distributed.parallel import ParallelismResult
 from memlab.distributed.sharding import DistributedMemory
+from memlab.distributed.traced import TracedGrid
 from memlab.experiments import register
 from memlab.results import kept_on_disk
 
@@ -54,5 +57,53 @@ def _parallel(scale: str) -> ParallelismResult:
                   "the collectives, and the pipeline's bubble against (p-1)/(m+p-1)",
           sizes=PARALLEL_SIZES, result=ParallelismResult)
 def distributed_parallel(scale: str | None = None) -> ParallelismResult:
-    """Tensor and pipeline parallelism on two ranks, each against one process (chapter: 6)."""
-    return _parallel(get_scale(scale))
+    """Tensor and pipeline parallelism on two ranks, each against one process (chapter: 6).
+
+    Full scale needs two GPUs; with fewer, the CI sizes run on the CPU (the result says so).
+    """
+    from memlab.distributed.launch import launch_device
+    from memlab.distributed.parallel import WORLD
+
+    scale = get_scale(scale)
+    if scale == "full" and launch_device(WORLD) == "cpu":
+        scale = "ci"
+    return _parallel(scale)
+
+
+TRACED_SIZES = {
+    "ci": dict(models=("llama2-7b",), gpus=(8,), precisions=("fp32", "bf16-mixed"), batch_size=1,
+               seq_len=2048),
+    "full": dict(models=("llama2-7b", "llama2-70b"), gpus=(8, 64),
+                 precisions=("fp32", "bf16-mixed"), batch_size=1, seq_len=2048),
+}
+
+
+@functools.cache
+@kept_on_disk
+def _traced(scale: str) -> TracedGrid:
+    from memlab.distributed.traced import traced_grid
+
+    return traced_grid(**TRACED_SIZES[scale])
+
+
+@register("distributed-traced", chapter=_CH6,
+          summary="one rank of Llama-2 7B and 70B sharded by FSDP2 over 8 and 64 ranks, traced in "
+                  "one process on fake tensors (a fake process group, FSDPMemTracker), with the "
+                  "estimator's per-GPU peak beside each",
+          sizes=TRACED_SIZES, result=TracedGrid)
+def distributed_traced(scale: str | None = None) -> TracedGrid:
+    """Per-rank peaks of big sharded models, traced and estimated (chapter: 6)."""
+    return _traced(get_scale(scale))
+
+
+@register("distributed-deepspeed", chapter=_CH6,
+          summary="DeepSpeed's ZeRO stages 1-3 (the reference implementation; optional, CPU with "
+                  "gloo) on the chapter's model and 4 ranks: each rank's bytes beside PyTorch's "
+                  "strategies and the formulas; run from the command line, kept as a record",
+          sizes=DEEPSPEED_SIZES, result=DeepSpeedComparison)
+def distributed_deepspeed(scale: str | None = None) -> DeepSpeedComparison:
+    """DeepSpeed's three stages against FSDP2 and ZeroRedundancyOptimizer (chapter: 6)."""
+    from memlab.distributed.deepspeed_zero import deepspeed_comparison
+
+    scale = get_scale(scale)
+    return deepspeed_comparison(scale, pytorch=distributed_memory_experiment(scale))

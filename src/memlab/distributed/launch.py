@@ -139,6 +139,14 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def launch_device(nproc: int, nnodes: int = 1) -> str:
+    """``'cuda'`` when this machine has a GPU for every rank it starts (NCCL needs one each), else ``'cpu'`` (chapter: 6)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= nproc * nnodes \
+        else "cpu"
+
+
 def launch(target: str, spec: dict | None = None, *, nproc: int = 4, nnodes: int = 1,
            backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
            collective_timeout_s: float = COLLECTIVE_TIMEOUT_S, env: dict | None = None) -> Launch:
@@ -146,7 +154,9 @@ def launch(target: str, spec: dict | None = None, *, nproc: int = 4, nnodes: int
 
     ``target`` is ``"module:function"``. ``nnodes > 1`` starts that many torchrun "nodes" on
     this machine, joined by the c10d rendezvous on the loopback address, as separate
-    machines would be. The launch is stopped, every process with it, after ``timeout_s``.
+    machines would be. The ranks use GPUs only when there is one for each
+    (:func:`launch_device`), else the CPU with gloo. The launch is stopped, every process
+    with it, after ``timeout_s``.
     """
     from memlab.errors import check_choice
 
@@ -163,7 +173,8 @@ def launch(target: str, spec: dict | None = None, *, nproc: int = 4, nnodes: int
     try:
         spec_path = work / "spec.json"
         spec_path.write_text(json.dumps(dict(spec or {}, _backend=backend,
-                                             _collective_timeout_s=collective_timeout_s)))
+                                             _collective_timeout_s=collective_timeout_s,
+                                             _device=launch_device(nproc, nnodes))))
         endpoint = f"127.0.0.1:{free_port()}"
         cmds = [torchrun_command(target, spec_path, work, nproc=nproc, nnodes=nnodes,
                                  node_rank=n, endpoint=endpoint) for n in range(nnodes)]

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from memlab.device import device_memory_bytes, pick_device
+from memlab.device import device_memory_bytes
 from memlab.distributed import zero
-from memlab.distributed.launch import launch
+from memlab.distributed.launch import launch, launch_device
 from memlab.distributed.runs import LR, one_process_memory, single_process
 from memlab.distributed.strategies import LABELS, STAGE, STRATEGIES
 from memlab.errors import MemlabError
@@ -250,9 +250,7 @@ def distributed_memory(cfg: ModelConfig, *, nproc: int = 4, strategies=STRATEGIE
         check_choice("strategy", s, STRATEGIES)
     if nproc < 4:  # a 2-D mesh needs 4 ranks; on fewer, sharding factors are not told apart
         strategies = tuple(s for s in strategies if s not in ("hsdp", "replicate"))
-    device = pick_device()
-    if device.type not in ("cpu", "cuda"):
-        device = torch.device("cpu")
+    device = torch.device(launch_device(nproc))  # the ranks' device; one process uses it too
     check_fits(cfg, nproc, batch_size, seq_len, device)
     with tempfile.TemporaryDirectory(prefix="memlab-weights-") as wd:
         spec = dict(config=asdict(cfg), strategies=list(strategies), steps=steps,

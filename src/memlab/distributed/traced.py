@@ -229,3 +229,66 @@ def trace_sharded(model: str | ModelConfig, gpus: int, *, reshard_after_forward:
         model_state_bytes=after["sharded_param"] + grads["sharded_grad"] + after["opt"],
     )
 
+
+
+@dataclass(frozen=True)
+class TracedRow:
+    """One traced set-up with the estimator's per-GPU peak for the same set-up beside it."""
+
+    trace: ShardedTrace
+    estimate_peak_bytes: int  # memlab.distributed.estimate_sharded, stage 3 or 2
+
+    @property
+    def ratio(self) -> float:
+        """Estimated over traced per-rank peak (chapter: 6)."""
+        return self.estimate_peak_bytes / self.trace.peak_bytes
+
+
+@dataclass(frozen=True)
+class TracedGrid:
+    """Per-rank peaks of big models sharded over many ranks, traced in one process, and estimated (chapter: 6)."""
+
+    rows: tuple[TracedRow, ...]
+    batch_size: int
+    seq_len: int
+
+    def row(self, model: str, gpus: int, precision: str = "fp32") -> TracedRow:
+        """The row of ``model`` on ``gpus`` ranks in ``precision`` (chapter: 6)."""
+        for r in self.rows:
+            t = r.trace
+            if (t.model, t.gpus, t.precision) == (model, gpus, precision):
+                return r
+        raise MemlabError(f"no traced row for {model!r} on {gpus!r} ranks in {precision!r}; "
+                          "accepted: " + ", ".join(f"{r.trace.model}/{r.trace.gpus}/"
+                                                   f"{r.trace.precision}" for r in self.rows))
+
+    def table(self, unit: str = "GiB") -> str:
+        """Traced and estimated per-rank peaks, with model states and activations (chapter: 6)."""
+        lines = [f"FSDP2 (ZeRO-3), one rank's step, batch {self.batch_size} x {self.seq_len}; "
+                 f"traced on fake tensors in one process, {unit}",
+                 f"{'model':<12}{'ranks':>6}{'precision':>12}{'states':>9}{'acts':>9}"
+                 f"{'traced':>9}{'estimated':>11}{'ratio':>8}"]
+        for r in self.rows:
+            t = r.trace
+            lines.append(f"{t.model:<12}{t.gpus:>6}{t.precision:>12}"
+                         f"{to_unit(t.model_state_bytes, unit):>9.2f}"
+                         f"{to_unit(t.peak_by_category.get('act', 0), unit):>9.2f}"
+                         f"{to_unit(t.peak_bytes, unit):>9.2f}"
+                         f"{to_unit(r.estimate_peak_bytes, unit):>11.2f}{r.ratio:>8.3f}")
+        return "\n".join(lines)
+
+
+def traced_grid(models=("llama2-7b", "llama2-70b"), gpus=(8, 64), precisions=TRACED_PRECISIONS,
+                *, batch_size: int = 1, seq_len: int = 2048) -> TracedGrid:
+    """Trace every model x ranks x precision (ZeRO-3) and estimate each the same way (chapter: 6)."""
+    from memlab.distributed.estimate import estimate_sharded
+
+    rows = []
+    for m in models:
+        for w in gpus:
+            for p in precisions:
+                t = trace_sharded(m, w, precision=p, batch_size=batch_size, seq_len=seq_len)
+                est = estimate_sharded(m, zero_stage=3, gpus=w, precision=p,
+                                       batch_size=batch_size, seq_len=seq_len, device="cpu")
+                rows.append(TracedRow(t, est.per_gpu_peak_bytes))
+    return TracedGrid(tuple(rows), batch_size, seq_len)

@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 
 
-def rank_device() -> torch.device:
-    """This rank's device: its own GPU (``LOCAL_RANK``) when there are GPUs, else the CPU (chapter: 6)."""
-    if torch.cuda.is_available():
+def rank_device(kind: str | None = None) -> torch.device:
+    """This rank's device: its own GPU (``LOCAL_RANK``) when the launch uses GPUs, else the CPU (chapter: 6)."""
+    if kind != "cpu" and torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         return torch.device("cuda", local)
@@ -37,13 +37,14 @@ def launched() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def init(backend: str | None = None, timeout_s: float = 30.0) -> torch.device:
+def init(backend: str | None = None, timeout_s: float = 30.0,
+         device: str | None = None) -> torch.device:
     """Join the process group the launcher described in the environment; return this rank's device (chapter: 6).
 
     A process started without one (``accelerate launch`` asked for FSDP on a CPU-only machine
     starts such copies) forms a group of one, so that the parent sees and reports it.
     """
-    device = rank_device()
+    device = rank_device(device)
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     kw = dict(timeout=datetime.timedelta(seconds=timeout_s),
               device_id=device if device.type == "cuda" else None)
@@ -74,7 +75,8 @@ def main(argv: list[str]) -> int:
     spec = json.loads(Path(spec_path).read_text())
     try:
         torch.set_num_threads(1)
-        device = init(spec.get("_backend"), spec.get("_collective_timeout_s", 30.0))
+        device = init(spec.get("_backend"), spec.get("_collective_timeout_s", 30.0),
+                      spec.get("_device"))
         rank = dist.get_rank()
         answer = _resolve(target)(spec, device)
         answer = dict(answer or {}, rank=rank, world_size=dist.get_world_size(),

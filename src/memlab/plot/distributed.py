@@ -1,0 +1,448 @@
+"""Figures of chapter 6: each rank's bytes by strategy, who holds what under ZeRO, FSDP's gather
+timeline, communication per step, per-GPU memory against the number of GPUs, the pipeline's
+bubble, and the throughput model.
+
+Every function takes a result (the dataclass, or the dict a record stores) and returns the
+``Figure``; nothing here runs a process or measures.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Mapping
+
+import matplotlib.pyplot as plt
+
+from memlab.distributed.comm import COLLECTIVES, VOLUME_FACTOR
+from memlab.distributed.zero import LAYOUTS, STAGES, check_gpus, check_stage, formula, model_states
+from memlab.errors import MemlabError, check_choice
+from memlab.plot.style import CATEGORY_COLORS, CATEGORY_LABELS, style
+from memlab.plot.timeline import PHASE_SHADES
+from memlab.units import UNITS, to_unit
+
+STAGE_COLORS = {0: "tab:red", 1: "tab:orange", 2: "tab:green", 3: "tab:blue"}
+COLLECTIVE_COLORS = {
+    "all-reduce": "#4C72B0",
+    "all-gather": "#55A868",
+    "reduce-scatter": "#DD8452",
+    "broadcast": "#8172B3",
+    "send": "#937860",
+    "recv": "#DA8BC3",
+    "all-to-all": "#8C8C8C",
+}
+# What one rank holds during a step, bottom to top: parameters as held between forward and
+# backward (FSDP's gathered ones included), then gradients, optimizer states, activations.
+RANK_CATEGORIES = {"parameters": "parameters_after_forward", "gradients": "gradients",
+                   "optimizer_states": "optimizer_states", "activations": "activations"}
+MODEL_STATE_CATEGORIES = ("parameters", "gradients", "optimizer_states")
+SWEEP_VALUES = {"peak": "peak_bytes", "model_states": "model_state_bytes"}
+MAX_DRAWN_RANKS = 16  # who_holds_what: more rows than this are no longer legible
+
+
+def _get(obj, name: str):
+    """A field of a result dataclass or of the dict a record stores."""
+    return obj[name] if isinstance(obj, Mapping) else getattr(obj, name)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _unit(unit: str | None, largest: float) -> tuple[str, int]:
+    unit = unit or ("GiB" if largest >= 2**30 else "MiB")
+    return unit, UNITS[check_choice("unit", unit, UNITS)]
+
+
+def _run(result, strategy: str):
+    runs = _get(result, "runs")
+    for r in runs:
+        if _get(r, "strategy") == strategy:
+            return r
+    raise MemlabError(f"no run of strategy {strategy!r}; accepted: "
+                      + ", ".join(_get(r, "strategy") for r in runs))
+
+
+def _rank(run, rank: int):
+    ranks = _get(run, "ranks")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(ranks):
+        raise MemlabError(f"rank must be one of 0..{len(ranks) - 1}, got {rank!r}")
+    return ranks[rank]
+
+
+def _where(result) -> str:
+    return f"{_get(result, 'backend')}, {_get(result, 'device')}"
+
+
+def _tick(run) -> str:
+    return textwrap.fill(_get(run, "label"), 16)
+
+
+def rank_memory(result, rank: int = 0, unit: str | None = None, source: str = "measured",
+                title: str | None = None):
+    """One rank's bytes by category, a stacked bar per strategy, with the ZeRO formula's model states and the peak marked (chapter: 6).
+
+    ``result`` is a :class:`memlab.distributed.sharding.DistributedMemory` (or its record's dict).
+    The parameters are those held between forward and backward (FSDP's gathered ones
+    included); the black tick is the formula's model states (parameters + gradients +
+    optimizer states), the triangle the rank's peak. ``source`` is how the page names where
+    the numbers come from: ``'measured'``, or a record's label (``'recorded on ...'``).
+    """
+    style()
+    runs = list(_get(result, "runs"))
+    ranks = [_rank(r, rank) for r in runs]
+    tops = [sum(_get(k, f) for f in RANK_CATEGORIES.values()) for k in ranks]
+    largest = max([*tops, *(_get(k, "peak_bytes") for k in ranks),
+                   *(_get(r, "formula_bytes") for r in runs)], default=0)
+    unit, scale = _unit(unit, largest)
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.15 * len(runs) + 2.8), 4.4))
+    xs = list(range(len(runs)))
+    bottom = [0.0] * len(runs)
+    for cat, field in RANK_CATEGORIES.items():
+        vals = [_get(k, field) / scale for k in ranks]
+        if not any(vals):
+            continue
+        ax.bar(xs, vals, bottom=bottom, width=0.7, color=CATEGORY_COLORS[cat],
+               label=CATEGORY_LABELS[cat])
+        bottom = [a + b for a, b in zip(bottom, vals, strict=True)]
+    forms = [_get(r, "formula_bytes") / scale for r in runs]
+    ax.hlines(forms, [x - 0.42 for x in xs], [x + 0.42 for x in xs], color="black", lw=2.2,
+              zorder=4, label="formula's model states")
+    peaks = [_get(k, "peak_bytes") / scale for k in ranks]
+    ax.plot(xs, peaks, linestyle="none", marker="v", markersize=7, color="black", zorder=5,
+            label=f"{source.split(' ')[0]} peak")
+    for x, k, r, top in zip(xs, ranks, runs, bottom, strict=True):
+        states = sum(_get(k, RANK_CATEGORIES[c]) for c in MODEL_STATE_CATEGORIES)
+        ratio = states / _get(r, "formula_bytes") if _get(r, "formula_bytes") else float("nan")
+        y = max(top, _get(k, "peak_bytes") / scale, _get(r, "formula_bytes") / scale)
+        ax.annotate(f"states\n{ratio:.2f}x formula", (x, y), xytext=(0, 5), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(xs, [f"{_tick(r)}\n{_get(r, 'formula')}" for r in runs], fontsize=7)
+    ax.set_ylabel(f"bytes on rank {rank} ({unit})")
+    ax.set_ylim(0, largest / scale * 1.25 if largest else 1)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    world = _get(result, "world_size")
+    ax.set_title(title or f"Bytes by strategy on rank {rank} of {_plural(world, 'rank')}, {source}\n"
+                 f"{_get(result, 'parameters'):,} parameters ({_get(result, 'layout')}), "
+                 f"{_where(result)}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def who_holds_what(gpus: int = 4, *, stages=STAGES, layout: str = "mixed",
+                   title: str | None = None):
+    """Which rank holds which share of parameters, gradients and optimizer states at each ZeRO stage, computed from the formulas (chapter: 6).
+
+    A row per rank; per stage, three segments (parameters, gradients, optimizer states), filled
+    across the whole segment where the rank holds all of it and over its own 1/N slot where
+    the category is sharded (:func:`memlab.distributed.zero.model_states`). Each stage is
+    headed by its formula (:func:`memlab.distributed.zero.formula`) and its bytes per
+    parameter on one GPU at this N.
+    """
+    import matplotlib.patches as patches
+
+    gpus = check_gpus(gpus)
+    if gpus > MAX_DRAWN_RANKS:
+        raise MemlabError(f"who_holds_what draws at most {MAX_DRAWN_RANKS} ranks, got {gpus}")
+    stages = tuple(check_stage(s) for s in stages)
+    check_choice("layout", layout, tuple(LAYOUTS))
+    style()
+    per_byte = dict(zip(MODEL_STATE_CATEGORIES, LAYOUTS[layout], strict=True))
+    n_params = gpus * 1_000_000  # any multiple of N: the shards come out exact
+    seg, gap, height = 1.0, 0.7, 0.72
+    fig, ax = plt.subplots(figsize=(2.3 * len(stages) + 1.2, 1.5 + 0.42 * gpus))
+    for j, stage in enumerate(stages):
+        held = model_states(n_params, stage, gpus, layout=layout)
+        x0 = j * (3 * seg + gap)
+        for c, cat in enumerate(MODEL_STATE_CATEGORIES):
+            sharded = _get(held, cat) < per_byte[cat] * n_params
+            for rank in range(gpus):
+                y = gpus - 1 - rank
+                left = x0 + c * seg
+                ax.add_patch(patches.Rectangle((left, y), seg, height, fill=False,
+                                               edgecolor="0.65", lw=0.8))
+                width = seg / gpus if sharded else seg
+                ax.add_patch(patches.Rectangle((left + (rank * width if sharded else 0), y),
+                                               width, height, facecolor=CATEGORY_COLORS[cat],
+                                               edgecolor="none"))
+        per_param = held.total / n_params
+        name = f"stage {stage}" + (" (DDP)" if stage == 0 else "")
+        ax.text(x0 + 1.5 * seg, gpus + 0.15, f"{name}\n{formula(stage, layout=layout)}\n"
+                f"= {per_param:g} bytes/parameter at N={gpus}", ha="center", va="bottom",
+                fontsize=8)
+    ax.set_xlim(-0.2, len(stages) * (3 * seg + gap) - gap + 0.2)
+    ax.set_ylim(-0.5, gpus + 1.35)
+    ax.set_xticks([])
+    ax.set_yticks([gpus - 1 - r + height / 2 for r in range(gpus)],
+                  [f"rank {r}" for r in range(gpus)], fontsize=8)
+    ax.grid(False)
+    for side in ("left", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(length=0)
+    handles = [patches.Patch(color=CATEGORY_COLORS[c],
+                             label=f"{CATEGORY_LABELS[c]} ({per_byte[c]} bytes/parameter)")
+               for c in MODEL_STATE_CATEGORIES]
+    handles.append(patches.Patch(facecolor="white", edgecolor="0.65",
+                                 label="held by another rank"))
+    ax.legend(handles=handles, fontsize=8, ncol=4, loc="upper center",
+              bbox_to_anchor=(0.5, 0.0))
+    p, g, k = LAYOUTS[layout]
+    ax.set_title(title or f"Who holds what on N = {gpus} GPUs, by ZeRO stage ({layout}: "
+                 f"{p}Ψ + {g}Ψ + {k}Ψ), computed from the formulas", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _phases(events) -> list[str]:
+    """Each event's phase: 'forward'/'backward' from its label; a collective issued takes the phase it falls in."""
+    phase, out = "forward", []
+    for what, _ in events:
+        head = str(what).split(" ", 1)[0]
+        if head in ("forward", "backward"):
+            phase = head
+        out.append(phase)
+    return out
+
+
+def gather_timeline(result, strategies=("zero3", "zero2"), unit: str | None = None,
+                    source: str = "measured", title: str | None = None):
+    """Parameter bytes FSDP holds gathered at each event of one step on rank 0, a panel per strategy, forward and backward shaded (chapter: 6).
+
+    ``result`` is a :class:`memlab.distributed.sharding.DistributedMemory`; the events are the
+    blocks' forward and backward starts and ends and every collective issued, in order. The
+    dashed line is every parameter of the model, unsharded.
+    """
+    style()
+    runs = [_run(result, s) for s in strategies]
+    if not runs:
+        raise MemlabError("gather_timeline needs at least one strategy")
+    for r in runs:
+        if not _get(r, "gather_timeline"):
+            raise MemlabError(f"run {_get(r, 'strategy')!r} has no gather timeline")
+    whole = _get(result, "parameters") * LAYOUTS[_get(result, "layout")][0]
+    largest = max([whole, *(b for r in runs for _, b in _get(r, "gather_timeline"))])
+    unit, scale = _unit(unit, largest)
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.6 * len(runs) + 0.6, 3.9), sharey=True,
+                             squeeze=False)
+    top = largest / scale * 1.2
+    for ax, r in zip(axes[0], runs, strict=True):
+        events = list(_get(r, "gather_timeline"))
+        phases = _phases(events)
+        start = 0
+        for i in range(1, len(events) + 1):
+            if i == len(events) or phases[i] != phases[start]:
+                ax.axvspan(start, i, color=PHASE_SHADES[phases[start]], zorder=0, lw=0)
+                ax.text((start + i) / 2, top * 0.98, phases[start], ha="center", va="top",
+                        fontsize=8, color="#444444")
+                start = i
+        ys = [b / scale for _, b in events]
+        ax.step(range(len(events) + 1), [*ys, ys[-1]], where="post",
+                color=CATEGORY_COLORS["parameters"], lw=1.6, zorder=3,
+                label="gathered parameters")
+        issued = [i for i, (what, _) in enumerate(events) if str(what).endswith(" issued")]
+        if issued:
+            ax.plot(issued, [0] * len(issued), linestyle="none", marker="|", markersize=9,
+                    color="0.25", clip_on=False, zorder=4, label="collective issued")
+        ax.axhline(whole / scale, color="black", linestyle="--", lw=1, zorder=2,
+                   label="all parameters, unsharded")
+        ax.set_xlim(0, len(events))
+        ax.set_ylim(0, top)
+        ax.set_xlabel("event on rank 0, in order")
+        ax.set_title(_get(r, "label"), fontsize=9)
+    axes[0][0].set_ylabel(f"parameters gathered ({unit})")
+    axes[0][0].legend(fontsize=7, loc="center")
+    fig.suptitle(title or f"Parameters FSDP holds gathered during one step, {source}\n"
+                 f"rank 0 of {_plural(_get(result, 'world_size'), 'rank')} ({_where(result)})",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def comm_by_strategy(result, rank: int = 0, unit: str | None = None, source: str = "measured",
+                     title: str | None = None):
+    """Bytes one rank communicates per step by collective, a stacked bar per strategy, with the 2Ψ or 3Ψ formula marked (chapter: 6).
+
+    The volume is the ZeRO paper's: each collective's payload, an all-reduce counted twice
+    (:data:`memlab.distributed.comm.VOLUME_FACTOR`); the bars sum to ``comm_volume_bytes``.
+    """
+    style()
+    runs = list(_get(result, "runs"))
+    ranks = [_rank(r, rank) for r in runs]
+    largest = max([*(_get(k, "comm_volume_bytes") for k in ranks),
+                   *(_get(r, "comm_formula_bytes") for r in runs)], default=0)
+    unit, scale = _unit(unit, largest)
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.15 * len(runs) + 2.8), 4.2))
+    xs = list(range(len(runs)))
+    bottom = [0.0] * len(runs)
+    for c in COLLECTIVES:
+        vals = [VOLUME_FACTOR[c] * _get(k, "comm").get(c, {}).get("bytes", 0) / scale
+                for k in ranks]
+        if not any(vals):
+            continue
+        ax.bar(xs, vals, bottom=bottom, width=0.7, color=COLLECTIVE_COLORS[c],
+               label=c + (f" (x{VOLUME_FACTOR[c]})" if VOLUME_FACTOR[c] != 1 else ""))
+        bottom = [a + b for a, b in zip(bottom, vals, strict=True)]
+    forms = [_get(r, "comm_formula_bytes") / scale for r in runs]
+    ax.hlines(forms, [x - 0.42 for x in xs], [x + 0.42 for x in xs], color="black", lw=2.2,
+              zorder=4, label="formula: 2Ψ or 3Ψ")
+    per_psi = _get(result, "parameters") * LAYOUTS[_get(result, "layout")][0]
+    for x, k, form, top in zip(xs, ranks, forms, bottom, strict=True):
+        factor = form * scale / per_psi if per_psi else 0
+        ratio = f"\nx{_get(k, 'comm_volume_bytes') / (form * scale):.2f}" if form else ""
+        ax.annotate(f"{factor:.3g}Ψ{ratio}", (x, max(top, form)), xytext=(0, 5),
+                    textcoords="offset points", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(xs, [_tick(r) for r in runs], fontsize=7)
+    ax.set_ylabel(f"bytes per step, payloads ({unit})")
+    ax.set_ylim(0, largest / scale * 1.3 if largest else 1)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_title(title or f"Communication per step by strategy, {source}\nrank {rank} of "
+                 f"{_plural(_get(result, 'world_size'), 'rank')} ({_where(result)})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _gpu_axis(ax) -> None:
+    """A log2 axis of GPU counts, ticks at powers of 4 written as plain numbers."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+    ax.xaxis.set_major_locator(LogLocator(base=4))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("number of GPUs N")
+
+
+def per_gpu_memory(sweep, what: str = "peak", gpu: str = "A100-80GB", unit: str = "GiB",
+                   title: str | None = None):
+    """Estimated per-GPU peak (or model states) against the number of GPUs N, a panel per model and a line per ZeRO stage, with a GPU's usable memory (chapter: 6).
+
+    ``sweep`` is a :class:`memlab.distributed.plan.GpuSweep`; ``what`` is ``'peak'`` or
+    ``'model_states'``. Both axes are logarithmic.
+    """
+    from memlab.gpus import get_gpu
+
+    check_choice("what", what, tuple(SWEEP_VALUES))
+    scale = UNITS[check_choice("unit", unit, UNITS)]
+    target = get_gpu(gpu)
+    style()
+    models, gpus = list(_get(sweep, "models")), list(_get(sweep, "gpus"))
+    values = _get(sweep, SWEEP_VALUES[what])
+    fig, axes = plt.subplots(1, len(models), figsize=(3.6 * len(models) + 1.0, 3.9), sharey=True,
+                             squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        for stage in _get(sweep, "stages"):
+            ys = [v / scale for v in values[model][stage]]
+            ax.loglog(gpus, ys, "o-", base=2, markersize=3.5, color=STAGE_COLORS[stage],
+                      label=f"stage {stage}" + (" (DDP)" if stage == 0 else ""))
+        ax.axhline(target.usable_bytes / scale, color="black", linestyle="--", lw=1,
+                   label=f"{target.name} usable ({to_unit(target.usable_bytes, unit):.1f} {unit})")
+        ax.set_yscale("log", base=10)
+        _gpu_axis(ax)
+        ax.set_title(f"{model} ({_get(sweep, 'parameters')[model] / 1e9:.1f}B parameters)",
+                     fontsize=9)
+    axes[0][0].set_ylabel(f"estimated {what.replace('_', ' ')} per GPU ({unit})")
+    axes[0][0].legend(fontsize=7, loc="upper right")
+    s = _get(sweep, "setup")
+    fig.suptitle(title or f"Estimated per-GPU {what.replace('_', ' ')} against N: "
+                 f"{s['precision']}, batch {s['batch_size']} x {s['seq_len']} tokens per GPU"
+                 + (", checkpointing" if s["checkpointing"] else "")
+                 + (f", offload {s['offload']}" if s["offload"] != "none" else ""), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def pipeline_bubble(result, source: str = "measured", title: str | None = None):
+    """The pipeline's bubble against the number of micro-batches m: each stage's and their mean, beside GPipe's (p - 1)/(m + p - 1) (chapter: 6).
+
+    ``result`` is a :class:`memlab.distributed.parallel.ParallelismResult`; the bubble is
+    1 - busy / step, a share of the step.
+    """
+    from memlab.distributed.parallel import gpipe_bubble
+
+    style()
+    runs = sorted(_get(result, "pp_runs"), key=lambda r: _get(r, "microbatches"))
+    if not runs:
+        raise MemlabError("pipeline_bubble needs a result with at least one pipeline run")
+    ms = [_get(r, "microbatches") for r in runs]
+    p = _get(runs[0], "stages")
+    fig, ax = plt.subplots(figsize=(6.4, 3.9))
+    every = list(range(ms[0], ms[-1] + 1))
+    ax.semilogx(every, [gpipe_bubble(p, m) for m in every], "--", base=2, color="0.3",
+                label=f"(p - 1)/(m + p - 1), p = {p}")
+    for stage in range(p):
+        ax.semilogx(ms, [_get(r, "bubble")[stage] for r in runs], linestyle="none", marker=".",
+                    base=2, markersize=7, alpha=0.6, color=f"C{stage + 1}",
+                    label=f"{source.split(' ')[0]}, stage {stage}")
+    mean = [sum(_get(r, "bubble")) / len(_get(r, "bubble")) for r in runs]
+    ax.semilogx(ms, mean, "o-", base=2, color="C0", lw=1.8,
+                label=f"{source.split(' ')[0]}, mean of the stages")
+    ax.set_xticks(ms, [str(m) for m in ms])
+    ax.set_xlabel("micro-batches m")
+    ax.set_ylabel("bubble (share of the step idle)")
+    ax.set_ylim(0, max([*mean, *(max(_get(r, "bubble")) for r in runs),
+                        gpipe_bubble(p, ms[0])]) * 1.2)
+    ax.legend(fontsize=8)
+    cfg, (B, T) = _get(result, "pp_config"), _get(result, "pp_batch")
+    ax.set_title(title or f"GPipe's bubble on {p} stages, {source} ({_where(result)}): "
+                 f"{cfg['name']}, batch {B} x {T}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _inputs_text(inputs: Mapping) -> str:
+    def show(v) -> str:
+        if isinstance(v, bool):
+            return str(v)
+        if isinstance(v, int):
+            return f"{v:,}"
+        if isinstance(v, float):
+            return f"{v:g}"
+        return str(v)
+
+    return ", ".join(f"{k} {show(v)}" for k, v in inputs.items())
+
+
+def throughput_scaling(rows, inputs: Mapping | None = None, title: str | None = None):
+    """Estimated per-GPU throughput relative to the fewest GPUs, and seconds of compute and communication per step, against N (chapter: 6).
+
+    ``rows`` is what :func:`memlab.distributed.commtime.throughput_model` returns (or a dict
+    of such lists by label, drawn as one line each); ``inputs`` are the model's inputs
+    (parameters, tokens per GPU, stage, MFU, links...), shown in the title. With
+    ``gpus_per_node`` among them, the first N past one node is marked.
+    """
+    style()
+    curves = dict(rows) if isinstance(rows, Mapping) else {"": list(rows)}
+    if not curves or not all(curves.values()):
+        raise MemlabError("throughput_scaling needs at least one row per curve")
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for i, (label, rs) in enumerate(curves.items()):
+        rs = sorted(rs, key=lambda r: _get(r, "gpus"))
+        ns = [_get(r, "gpus") for r in rs]
+        color = f"C{i}"
+        ax.plot(ns, [_get(r, "relative") for r in rs], "o-", markersize=3.5, color=color,
+                label=label or "per-GPU throughput")
+        sends = [r for r in rs if _get(r, "comm_s") > 0]  # one GPU sends nothing
+        ax2.plot([_get(r, "gpus") for r in sends], [_get(r, "comm_s") for r in sends], "o-",
+                 markersize=3.5, color=color,
+                 label=f"communication{', ' + label if label else ''}")
+        ax2.plot(ns, [_get(r, "compute_s") for r in rs], ":", color=color,
+                 label=f"compute{', ' + label if label else ''}")
+    node = (inputs or {}).get("gpus_per_node")
+    if node:
+        for a in (ax, ax2):
+            a.axvline(node, color="0.5", lw=1, linestyle="--")
+        ax.text(node, 0.97, f" {node} GPUs per node", fontsize=7, color="0.35", va="top",
+                transform=ax.get_xaxis_transform())
+    ax.set_xscale("log", base=2)
+    _gpu_axis(ax)
+    ax.set_ylabel("tokens/s per GPU, relative to the fewest GPUs")
+    ax.set_ylim(0, 1.08)
+    ax.legend(fontsize=8, loc="lower left")
+    ax2.set_xscale("log", base=2)
+    ax2.set_yscale("log")
+    _gpu_axis(ax2)
+    ax2.set_ylabel("seconds per step (s)")
+    ax2.legend(fontsize=7)
+    text = f": {_inputs_text(inputs)}" if inputs else ""
+    fig.suptitle(title or textwrap.fill(f"Estimated per-GPU throughput against N{text}", 120),
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
