@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 from memlab.device import get_scale
+from memlab.distributed.accel import ACCELERATE_SIZES, AccelerateResult
 from memlab.distributed.deepspeed_zero import SIZES as DEEPSPEED_SIZES
 from memlab.distributed.deepspeed_zero import DeepSpeedComparison
 from memlab.distributed.parallel import SIZES as PARALLEL_SIZES
@@ -107,3 +108,15 @@ def distributed_deepspeed(scale: str | None = None) -> DeepSpeedComparison:
 
     scale = get_scale(scale)
     return deepspeed_comparison(scale, pytorch=distributed_memory_experiment(scale))
+
+
+@register("distributed-accelerate", chapter=_CH6,
+          summary="Hugging Face accelerate on this machine: on CPUs, DDP through "
+                  "Accelerator(cpu=True) and an FSDP request that splits nothing (refused in one "
+                  "line); on GPUs, the FSDP2 config file; each beside one process",
+          sizes=ACCELERATE_SIZES, result=AccelerateResult)
+def distributed_accelerate(scale: str | None = None) -> AccelerateResult:
+    """accelerate's launches on this machine's devices, each beside one process (chapter: 6)."""
+    from memlab.distributed.accel import accelerate_experiment
+
+    return accelerate_experiment(get_scale(scale))

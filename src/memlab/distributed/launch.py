@@ -147,16 +147,28 @@ def launch_device(nproc: int, nnodes: int = 1) -> str:
         else "cpu"
 
 
+def accelerate_command(target: str, spec_path: str | Path, out: str | Path, *, nproc: int,
+                       args: tuple[str, ...] = ()) -> list[str]:
+    """The ``accelerate launch`` command line that starts the same worker (chapter: 6).
+
+    ``args`` are accelerate's own options, e.g. ``("--config_file", "configs/accelerate/fsdp2.yaml")``.
+    """
+    return [sys.executable, "-m", "accelerate.commands.launch", f"--num_processes={nproc}",
+            *args, "-m", "memlab.distributed.worker", target, str(spec_path), str(out)]
+
+
 def launch(target: str, spec: dict | None = None, *, nproc: int = 4, nnodes: int = 1,
            backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-           collective_timeout_s: float = COLLECTIVE_TIMEOUT_S, env: dict | None = None) -> Launch:
+           collective_timeout_s: float = COLLECTIVE_TIMEOUT_S, env: dict | None = None,
+           accelerate_args: tuple[str, ...] | None = None) -> Launch:
     """Run ``target(spec)`` on ``nnodes x nproc`` ranks through torchrun; every rank's answer (chapter: 6).
 
     ``target`` is ``"module:function"``. ``nnodes > 1`` starts that many torchrun "nodes" on
     this machine, joined by the c10d rendezvous on the loopback address, as separate
     machines would be. The ranks use GPUs only when there is one for each
     (:func:`launch_device`), else the CPU with gloo. The launch is stopped, every process
-    with it, after ``timeout_s``.
+    with it, after ``timeout_s``. ``accelerate_args`` (a tuple, possibly empty) starts the
+    ranks with ``accelerate launch`` and those options instead of torchrun.
     """
     from memlab.errors import check_choice
 
@@ -176,8 +188,14 @@ def launch(target: str, spec: dict | None = None, *, nproc: int = 4, nnodes: int
                                              _collective_timeout_s=collective_timeout_s,
                                              _device=launch_device(nproc, nnodes))))
         endpoint = f"127.0.0.1:{free_port()}"
-        cmds = [torchrun_command(target, spec_path, work, nproc=nproc, nnodes=nnodes,
-                                 node_rank=n, endpoint=endpoint) for n in range(nnodes)]
+        if accelerate_args is not None:
+            if nnodes != 1:
+                raise MemlabError(f"accelerate launch here starts one node, got nnodes={nnodes}")
+            cmds = [accelerate_command(target, spec_path, work, nproc=nproc,
+                                       args=tuple(accelerate_args))]
+        else:
+            cmds = [torchrun_command(target, spec_path, work, nproc=nproc, nnodes=nnodes,
+                                     node_rank=n, endpoint=endpoint) for n in range(nnodes)]
         run_env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                        PYTHONUNBUFFERED="1", **(env or {}))
         start = time.perf_counter()

@@ -12,6 +12,17 @@ from memlab.plot.attention import (  # noqa: F401
     tiling,
     traffic,
 )
+from memlab.plot.distributed import (  # noqa: F401
+    COLLECTIVE_COLORS,
+    STAGE_COLORS,
+    comm_by_strategy,
+    gather_timeline,
+    per_gpu_memory,
+    pipeline_bubble,
+    rank_memory,
+    throughput_scaling,
+    who_holds_what,
+)
 from memlab.plot.finetune import (  # noqa: F401
     SETUP_COLORS,
     fit_grid,
