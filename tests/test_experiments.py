@@ -13,7 +13,9 @@ def test_registry_names_chapters_and_sizes():
                                       "attention-step", "gqa", "fusion-block",
                                       "finetune-compare", "finetune-lr", "finetune-fit",
                                       "finetune-context", "finetune-flops", "finetune-reference",
-                                      "finetune-20b"}
+                                      "finetune-20b", "distributed-memory", "distributed-parallel",
+                                      "distributed-traced", "distributed-deepspeed",
+                                      "distributed-accelerate"}
     for exp in ex.experiments().values():
         assert set(exp.sizes) == {"ci", "full"}
         assert exp.chapter.startswith("chapters/")
@@ -21,7 +23,9 @@ def test_registry_names_chapters_and_sizes():
 
 def test_get_experiment_rejects_unknown_name():
     with pytest.raises(MemlabError, match="unknown experiment 'x'; accepted: attention-flops, "
-                       "attention-memory, attention-step, attention-time, estimator-accuracy, "
+                       "attention-memory, attention-step, attention-time, "
+                       "distributed-accelerate, distributed-deepspeed, distributed-memory, "
+                       "distributed-parallel, distributed-traced, estimator-accuracy, "
                        "finetune-20b, finetune-compare, finetune-context, finetune-fit, "
                        "finetune-flops, finetune-lr, finetune-reference, "
                        "fp8-matmul, fusion-block, gqa, load-memory, mixed-precision, quant-speed, "

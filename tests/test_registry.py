@@ -26,7 +26,10 @@ CHEAP = ("step-memory", "trace-7b", "load-memory", "fp8-matmul", "quant-speed",
 # Minutes or tens of seconds: run end to end too, but marked slow.
 COSTLY = ("estimator-accuracy", "mixed-precision", "quantization", "attention-memory",
           "attention-step", "gqa", "fusion-block", "finetune-compare", "finetune-lr",
-          "finetune-reference")
+          "finetune-reference", "distributed-memory", "distributed-parallel",
+          "distributed-traced", "distributed-accelerate")
+# Needs a package outside the book's requirements: run only where it is installed.
+OPTIONAL = {"distributed-deepspeed": "deepspeed"}
 
 
 def example(tp, depth: int = 0):
@@ -54,7 +57,7 @@ def example(tp, depth: int = 0):
 
 
 def test_every_experiment_is_classified_here():
-    assert set(ex.experiments()) == set(CHEAP) | set(COSTLY)
+    assert set(ex.experiments()) == set(CHEAP) | set(COSTLY) | set(OPTIONAL)
 
 
 @pytest.mark.parametrize("name", sorted(ex.experiments()))
@@ -144,4 +147,11 @@ def test_memlab_run_writes_a_record(name, tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", COSTLY)
 def test_memlab_run_writes_a_record_costly(name, tmp_path, monkeypatch, capsys):
+    _run_cli(name, tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(OPTIONAL))
+def test_memlab_run_writes_a_record_optional(name, tmp_path, monkeypatch, capsys):
+    pytest.importorskip(OPTIONAL[name])
     _run_cli(name, tmp_path, monkeypatch, capsys)

@@ -117,12 +117,16 @@ def gathered_bytes(model: nn.Module) -> int:
     groups, and each parameter its ``_unsharded_param``, whose storage is resized to zero when
     the unit reshards. Zero for a model FSDP does not shard.
     """
-    total = 0
+    total, seen = 0, set()
     for m in model.modules():
         get_state = getattr(m, "_get_fsdp_state", None)
         if get_state is None:
             continue
-        for group in getattr(get_state(), "_fsdp_param_groups", ()):
+        state = get_state()
+        if id(state) in seen:  # one unit of several modules shares one state
+            continue
+        seen.add(id(state))
+        for group in getattr(state, "_fsdp_param_groups", ()):
             for fp in group.fsdp_params:
                 up = getattr(fp, "_unsharded_param", None)
                 if up is not None:

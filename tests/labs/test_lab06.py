@@ -1,0 +1,451 @@
+"""Lab 6's checks: a right answer passes, a wrong one gets the right hint, a stub is not attempted."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from memlab.distributed.comm import ring_sent_bytes
+from memlab.distributed.estimate import estimate_sharded
+from memlab.distributed.plan import MAX_GPUS, ZERO_PAPER, ZERO_PAPER_QUOTED_GB, smallest_gpus
+from memlab.distributed.zero import LAYOUTS, STAGES, comm_volume, model_states
+from memlab.errors import MemlabError
+from memlab.gpus import get_gpu
+from memlab.labs.grader import get_lab
+from memlab.labs.lab06 import (
+    FIT_CASES,
+    FIT_SETUP,
+    PER_RANK_CASES,
+    SENT_CASES,
+    SENT_RTOL,
+    TIMELINE_QUESTIONS,
+    TIMELINE_RUN,
+    gather_run,
+    per_rank_cases,
+    per_rank_slips,
+    recorded_gather,
+    recorded_timeline_summary,
+    reference_per_rank,
+    reference_sent_bytes,
+    reference_smallest,
+    sent_cases,
+    sent_slips,
+    smallest_slips,
+    timeline_answers,
+    unit_bytes,
+)
+from memlab.units import to_unit
+
+
+@pytest.fixture
+def lab():
+    lab = get_lab("lab06")
+    lab.reset()
+    return lab
+
+
+@pytest.fixture(scope="module")
+def run():
+    return gather_run()
+
+
+def _line(capsys) -> str:
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1, f"a check prints exactly one line, got {out!r}"
+    return out.rstrip("\n")
+
+
+def test_the_lab_has_its_exercises():
+    assert get_lab("lab06").ids == ("6.1", "6.2", "6.3", "6.4")
+
+
+# ------------------------------------------------------------- 6.1 per-rank model states
+
+
+def per_rank_bytes(parameters, stage, gpus, layout):  # the lab's reference solution
+    p, g, k = LAYOUTS[layout]
+
+    def held(b, split):
+        return -(-b * parameters // gpus) if split else b * parameters
+
+    return held(p, stage >= 3), held(g, stage >= 2), held(k, stage >= 1)
+
+
+def test_the_zero_papers_example_is_in_the_cases():
+    cases = per_rank_cases()
+    paper = [c for c in cases if c["parameters"] == ZERO_PAPER["parameters"]
+             and c["gpus"] == ZERO_PAPER["gpus"] and c["layout"] == "mixed"]
+    assert [c["stage"] for c in paper] == list(STAGES)
+    for c in paper:
+        quoted = ZERO_PAPER_QUOTED_GB[c["stage"]]
+        assert to_unit(sum(reference_per_rank(**c)), "GB") == pytest.approx(quoted, rel=3e-3)
+    assert {c["layout"] for c in PER_RANK_CASES} == set(LAYOUTS)
+
+
+def test_the_cases_tell_the_roundings_apart():
+    """Some case's shard is not whole, and rounding its bytes differs from rounding its parameters."""
+    def differ(case):
+        n, g = case["parameters"], case["gpus"]
+        return any(len({-(-b * n // g), b * n // g, b * -(-n // g)}) == 3
+                   for b in LAYOUTS[case["layout"]])
+
+    assert any(differ(c) for c in PER_RANK_CASES)
+
+
+def test_reference_is_model_states():
+    for c in per_rank_cases():
+        ms = model_states(c["parameters"], c["stage"], c["gpus"], layout=c["layout"])
+        assert reference_per_rank(**c) == per_rank_bytes(**c)
+        assert sum(reference_per_rank(**c)) == ms.total
+
+
+def test_per_rank_correct(lab, capsys):
+    assert lab.check("6.1", per_rank_bytes).ok
+    assert _line(capsys) == "✅ 6.1 correct"
+
+    def as_floats(parameters, stage, gpus, layout):
+        return [float(v) for v in per_rank_bytes(parameters, stage, gpus, layout)]
+
+    def as_model_states(parameters, stage, gpus, layout):
+        return model_states(parameters, stage, gpus, layout=layout)
+
+    assert lab.check("6.1", as_floats).ok and lab.check("6.1", as_model_states).ok
+    capsys.readouterr()
+
+
+def test_per_rank_slips_differ_from_the_reference():
+    cases = per_rank_cases()
+    for fn, hint in per_rank_slips():
+        assert any(tuple(fn(**c)) != reference_per_rank(**c) for c in cases), hint
+
+
+@pytest.mark.parametrize(("index", "words"), [
+    (0, "round each shard up to whole bytes"),
+    (1, "round each shard up (ceil), not down"),
+    (2, "round the bytes up, ceil(bytes per parameter x Ψ / N), not the parameters"),
+    (3, "stage 0 (DDP) shards nothing"),
+    (4, "one category too many"),
+    (5, "one category too few"),
+    (6, "the optimizer states are sharded first"),
+    (7, "return (parameters, gradients, optimizer states), in that order"),
+    (8, "take the bytes per parameter from LAYOUTS[layout]"),
+    (9, "answer bytes, not GB"),
+])
+def test_per_rank_mistakes_get_their_hint(lab, capsys, index, words):
+    fn, _ = per_rank_slips()[index]
+    assert lab.check("6.1", fn).status == "not yet"
+    line = _line(capsys)
+    assert words in line and "cases not right, the first per_rank_bytes(parameters=" in line
+
+
+def test_per_rank_stub_and_bad_answers(lab, capsys):
+    def stub(parameters, stage, gpus, layout):
+        """Not written yet."""
+
+    assert lab.check("6.1", stub).status == "not attempted"
+    assert lab.check("6.1", None).status == "not attempted"
+    capsys.readouterr()
+    assert lab.check("6.1", 3).status == "not yet"
+    assert "answer the function per_rank_bytes itself, got int" in _line(capsys)
+    assert lab.check("6.1", lambda *a: 16).status == "not yet"
+    assert "returned int: return three numbers" in _line(capsys)
+
+    def broken(parameters, stage, gpus, layout):
+        raise KeyError(layout)
+
+    assert lab.check("6.1", broken).status == "not yet"
+    assert "raised KeyError" in _line(capsys)
+
+    def off(parameters, stage, gpus, layout):
+        return tuple(v + 1 for v in per_rank_bytes(parameters, stage, gpus, layout))
+
+    assert lab.check("6.1", off).status == "not yet"
+    assert f"{len(per_rank_cases())} of {len(per_rank_cases())} cases not right" in _line(capsys)
+
+
+# ----------------------------------------------------------------- 6.2 bytes sent per step
+
+
+def bytes_sent_per_step(parameters, stage, gpus, bytes_per_value):  # the reference solution
+    return (3 if stage == 3 else 2) * (gpus - 1) / gpus * parameters * bytes_per_value
+
+
+def test_reference_is_ring_collectives():
+    for c in sent_cases():
+        payload = c["parameters"] * c["bytes_per_value"]
+        n = c["gpus"]
+        if c["stage"] == 3:
+            by_hand = 2 * ring_sent_bytes("all-gather", payload, n) + ring_sent_bytes(
+                "reduce-scatter", payload, n)
+        else:
+            by_hand = ring_sent_bytes("all-reduce", payload, n)
+        assert reference_sent_bytes(**c) == pytest.approx(by_hand, rel=1e-12)
+        assert reference_sent_bytes(**c) == pytest.approx(bytes_sent_per_step(**c), rel=1e-12)
+        # the ZeRO paper's volumes are the payloads: (N-1)/N of them per rank
+        volume = comm_volume(c["parameters"], c["stage"], bytes_per_value=c["bytes_per_value"])
+        assert reference_sent_bytes(**c) == pytest.approx(volume * (n - 1) / n, rel=1e-12)
+
+
+def test_sent_correct(lab, capsys):
+    assert lab.check("6.2", bytes_sent_per_step).ok
+    assert lab.check("6.2", lambda *a: round(bytes_sent_per_step(*a))).ok  # whole bytes: within
+    assert not lab.check("6.2", lambda *a: bytes_sent_per_step(*a) * (1 + 2 * SENT_RTOL)).ok
+    capsys.readouterr()
+
+
+def test_counted_collectives_match_the_formula(run):
+    """The bytes rank 0 sent in the measured FSDP2 step are the formula's at stages 3 and 2."""
+    for strategy, stage in (("zero3", 3), ("zero2", 2)):
+        sent = sum(c["sent_bytes"] for c in run.comm[strategy].values())
+        assert sent == pytest.approx(reference_sent_bytes(run.parameters, stage, run.ranks, 4),
+                                     rel=1e-9)
+
+
+def test_sent_slips_differ_from_the_reference():
+    cases = sent_cases()
+    assert {c["gpus"] for c in SENT_CASES} >= {1, ZERO_PAPER["gpus"]}
+    for fn, hint in sent_slips():
+        assert any(abs(fn(**c) - reference_sent_bytes(**c)) > 1e-6 * reference_sent_bytes(**c)
+                   for c in cases), hint
+
+
+@pytest.mark.parametrize(("index", "words"), [
+    (0, "each rank sends (N-1)/N of a collective's payload"),
+    (1, "(N-1)/N of the payload, not 1/N"),
+    (2, "stage 3 gathers the parameters twice"),
+    (3, "that is what PyTorch's ZeroRedundancyOptimizer sends"),
+    (4, "stages 1 and 2 gather the parameters once"),
+    (5, "an all-reduce is a reduce-scatter plus an all-gather"),
+    (6, "multiply by bytes_per_value"),
+    (7, "bits and bytes are different units"),
+])
+def test_sent_mistakes_get_their_hint(lab, capsys, index, words):
+    fn, _ = sent_slips()[index]
+    assert lab.check("6.2", fn).status == "not yet"
+    assert words in _line(capsys)
+
+
+def test_sent_stub_and_bad_answers(lab, capsys):
+    def stub(parameters, stage, gpus, bytes_per_value):
+        """Not written yet."""
+
+    assert lab.check("6.2", stub).status == "not attempted"
+    capsys.readouterr()
+    assert lab.check("6.2", "2Ψ").status == "not yet"
+    assert "answer the function bytes_sent_per_step itself, got str" in _line(capsys)
+    assert lab.check("6.2", lambda *a: "many").status == "not yet"
+    assert "returned str: return a number of bytes" in _line(capsys)
+    assert lab.check("6.2", lambda *a: 1.01 * bytes_sent_per_step(*a)).status == "not yet"
+    line = _line(capsys)
+    assert "cases not right, the first bytes_sent_per_step(parameters=" in line
+    assert line.endswith("an all-reduce: twice that")
+
+
+# ------------------------------------------------------------------- 6.3 the smallest N
+
+
+def smallest_n(model, stage, gpu):  # the reference solution: every N in turn
+    usable = get_gpu(gpu).usable_bytes
+    for n in range(1, MAX_GPUS + 1):
+        if estimate_sharded(model, zero_stage=stage, gpus=n, **FIT_SETUP).per_gpu_peak_bytes <= usable:
+            return n
+    return None
+
+
+def _bisect(model, stage, gpu, *, measure=None, limit=None, candidates=None, **setup):
+    """A search with a mistake in it: another measure, limit, set of N or estimate settings."""
+    limit = get_gpu(gpu).usable_bytes if limit is None else limit(get_gpu(gpu))
+    kw = {**FIT_SETUP, **setup}
+
+    def m(n):
+        est = estimate_sharded(model, zero_stage=stage, gpus=n, **kw)
+        return est.per_gpu_peak_bytes if measure is None else getattr(est, measure)
+
+    pool = candidates or range(1, MAX_GPUS + 1)
+    if candidates is None:
+        if m(MAX_GPUS) > limit:
+            return None
+        lo, hi = 0, MAX_GPUS
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if m(mid) <= limit else (mid, hi)
+        return hi
+    return next((n for n in pool if m(n) <= limit), None)
+
+
+def test_reference_is_plan_smallest_gpus():
+    expected = {key: reference_smallest(**c) for key, c in FIT_CASES.items()}
+    for key, c in FIT_CASES.items():
+        assert expected[key] == smallest_gpus(c["model"], c["stage"], gpu=c["gpu"], **FIT_SETUP)
+        assert expected[key] == _bisect(**c)
+    assert None in expected.values()  # one set-up no number of GPUs holds
+    assert any(n is not None and n & (n - 1) for n in expected.values())  # not a power of two
+
+
+def test_smallest_correct(lab, capsys):
+    assert lab.check("6.3", smallest_n).ok
+    assert lab.check("6.3", lambda *a: _bisect(*a)).ok
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(("kw", "words"), [
+    (dict(measure="per_gpu_model_state_bytes"), "compare the per-GPU peak (per_gpu_peak_bytes)"),
+    (dict(limit=lambda g: g.memory_bytes), "(usable_bytes), not the label"),
+    (dict(candidates=tuple(2**k for k in range(11))), "not only a power of two"),
+    (dict(checkpointing=False), "that is without checkpointing"),
+    (dict(precision="fp32"), "precision bf16-mixed, not fp32"),
+])
+def test_smallest_mistakes_get_their_hint(lab, capsys, kw, words):
+    def mistaken(model, stage, gpu):
+        return _bisect(model, stage, gpu, **kw)
+
+    assert lab.check("6.3", mistaken).status == "not yet"
+    assert words in _line(capsys)
+
+
+def test_smallest_slips_never_name_the_right_answer():
+    for c in FIT_CASES.values():
+        expected = reference_smallest(**c)
+        values = [v for v, _ in smallest_slips(**c)]
+        assert (-1.0 if expected is None else float(expected)) not in values
+        assert len(values) == len(set(values))
+
+
+def test_smallest_other_answers(lab, capsys):
+    def stub(model, stage, gpu):
+        """Not written yet."""
+
+    assert lab.check("6.3", stub).status == "not attempted"
+    capsys.readouterr()
+
+    def never_none(model, stage, gpu):
+        return smallest_n(model, stage, gpu) or MAX_GPUS
+
+    assert lab.check("6.3", never_none).status == "not yet"
+    assert "answer None when no N up to MAX_GPUS fits" in _line(capsys)
+
+    def one_less(model, stage, gpu):
+        n = smallest_n(model, stage, gpu)
+        return None if n is None else max(n - 1, 1)
+
+    assert lab.check("6.3", one_less).status == "not yet"
+    assert "the estimated per-GPU peak is" in _line(capsys)
+    assert lab.check("6.3", lambda *a: "four").status == "not yet"
+    assert "return an int or None" in _line(capsys)
+
+
+# ------------------------------------------------------------ 6.4 the measured timeline
+
+
+def _answers(run) -> dict:  # the reference solution
+    out = {}
+    for strategy in ("zero3", "zero2"):
+        largest = max(b for _, b in run.timelines[strategy])
+        out[f"{strategy} largest bytes"] = largest
+        out[f"{strategy} blocks"] = largest / run.block_bytes
+    out["zero2 first largest mark"] = next(
+        label for label, b in run.timelines["zero2"] if b == out["zero2 largest bytes"])
+    return out
+
+
+def test_the_run_shows_what_the_questions_ask(run):
+    """ZeRO-3 holds one block at most; ZeRO-2 holds the embedding and every block, first at the
+    last block's forward, a label that occurs once; the bytes are fp32 parameters."""
+    cfg = TIMELINE_RUN["model"]
+    assert run.ranks == TIMELINE_RUN["ranks"] >= 2 and run.parameters == cfg.num_parameters()
+    assert run.unit_bytes == unit_bytes(cfg)
+    assert sum(run.unit_bytes.values()) + (cfg.n_layer - 1) * run.block_bytes == 4 * run.parameters
+    z3 = [b for _, b in run.timelines["zero3"]]
+    z2 = [b for _, b in run.timelines["zero2"]]
+    assert max(z3) == run.block_bytes and z3.count(0) >= cfg.n_layer
+    assert max(z2) == run.unit_bytes["embedding"] + cfg.n_layer * run.block_bytes
+    first = timeline_answers(run)["zero2 first largest mark"]
+    assert first == f"forward block {cfg.n_layer - 1} starts"
+    assert [label for label, _ in run.timelines["zero2"]].count(first) == 1
+    assert set(timeline_answers(run)) == set(TIMELINE_QUESTIONS) == set(_answers(run))
+
+
+def test_timeline_correct(lab, capsys, run):
+    answer = _answers(run)
+    assert answer == timeline_answers(run)
+    assert lab.check("6.4", answer).ok
+    answer["zero2 blocks"] = round(answer["zero2 blocks"], 2)  # within the tolerance
+    answer["zero2 first largest mark"] = f"  {answer['zero2 first largest mark'].upper()} "
+    assert lab.check("6.4", answer).ok
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("zero3 largest bytes", lambda a, r: a["zero2 largest bytes"], "that is zero2's largest"),
+    ("zero2 largest bytes", lambda a, r: sum(b for _, b in r.timelines["zero2"]),
+     "not the sum of its marks"),
+    ("zero2 largest bytes", lambda a, r: a["zero2 largest bytes"] / 2**20, "answer bytes, not MiB"),
+    ("zero2 largest bytes", lambda a, r: 4 * r.parameters, "not all the model's parameters"),
+    ("zero2 blocks", lambda a, r: round(a["zero2 blocks"]), "do not round"),
+    ("zero2 blocks", lambda a, r: 4 * a["zero2 blocks"], "not its parameter count"),
+    ("zero2 blocks", lambda a, r: 1 / a["zero2 blocks"], "not the other way"),
+    ("zero3 blocks", lambda a, r: a["zero2 blocks"], "that is zero2's ratio"),
+    ("zero2 first largest mark", lambda a, r: "forward block 3 ends",
+     "holds the largest value too, but it is reached earlier"),
+    ("zero2 first largest mark", lambda a, r: "backward block 2 starts",
+     "the largest value is reached earlier, in the forward"),
+    ("zero2 first largest mark", lambda a, r: "forward block 1 starts",
+     "fewer units are gathered than later in the forward"),
+    ("zero2 first largest mark", lambda a, r: "the end of the forward",
+     "is not a label of ZeRO-2's timeline"),
+    ("zero2 first largest mark", lambda a, r: 11, "answer a mark's label (a string), got int"),
+])
+def test_timeline_mistakes_get_their_hint(lab, capsys, run, key, value, words):
+    answer = _answers(run)
+    answer[key] = value(answer, run)
+    assert lab.check("6.4", answer).status == "not yet"
+    line = _line(capsys)
+    assert f"1 of {len(TIMELINE_QUESTIONS)} not right: {key!r}" in line and words in line
+
+
+def test_timeline_stub_and_bad_answers(lab, capsys, run):
+    assert lab.check("6.4", dict.fromkeys(TIMELINE_QUESTIONS)).status == "not attempted"
+    assert lab.check("6.4", None).status == "not attempted"
+    capsys.readouterr()
+    assert lab.check("6.4", [1, 2]).status == "not yet"
+    assert "answer a dict with the keys of TIMELINE_QUESTIONS" in _line(capsys)
+    answer = _answers(run)
+    answer["zero3 blocks"] = "one"
+    assert lab.check("6.4", answer).status == "not yet"
+    assert "answer a number" in _line(capsys)
+
+
+def test_the_recorded_run_is_labelled():
+    lines = recorded_timeline_summary()
+    record = recorded_gather()
+    if record is None:
+        assert lines == ["no recorded GPU run of distributed-memory in results/"]
+        return
+    assert lines[0].startswith(f"{record.label}: ") and "world size" in lines[0]
+    assert record.label.startswith("recorded on ")
+    assert len(lines) == 3  # ZeRO-2 and ZeRO-3
+
+
+def test_gather_run_refuses_bad_input():
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    with pytest.raises(MemlabError, match="ranks must be at least 2"):
+        gather_run(1)
+    with pytest.raises(MemlabError, match="ranks must be a positive integer, got 0"):
+        gather_run(0)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        with pytest.raises(MemlabError, match="already initialised"):
+            gather_run(3)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_slips_are_apart():
+    """Every pair of 6.2's slips gives another value on some case."""
+    cases = sent_cases()
+    fns = [fn for fn, _ in sent_slips()]
+    for a, b in itertools.combinations(fns, 2):
+        assert any(abs(a(**c) - b(**c)) > 1e-6 * max(abs(a(**c)), 1.0) for c in cases)
