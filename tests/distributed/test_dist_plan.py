@@ -83,8 +83,10 @@ PSI = 11_000_000_000
 
 
 def test_ring_volumes_and_bandwidth():
-    assert commtime.ring_sent_values("all-reduce", 100, 4) == 150
-    assert commtime.ring_sent_values("all-gather", 100, 4) == 75
+    from memlab.distributed.comm import ring_sent_bytes
+
+    assert ring_sent_bytes("all-reduce", 100, 4) == 150
+    assert ring_sent_bytes("all-gather", 100, 4) == 75
     nvlink = commtime.LINKS["a100-nvlink3"].bytes_per_s
     assert nvlink == 300e9  # 600 GB/s both directions, quoted
     assert commtime.per_gpu_bandwidth(8) == nvlink

@@ -82,13 +82,6 @@ def per_gpu_bandwidth(gpus: int, *, gpus_per_node: int = FSDP_PAPER_GPUS_PER_NOD
     return min(share(near), share(far))
 
 
-def ring_sent_values(collective: str, values: float, gpus: int) -> float:
-    """Values one GPU sends in a ring ``collective`` of ``values`` over ``gpus`` GPUs: (N-1)/N or 2(N-1)/N of them (chapter: 6)."""
-    check_choice("collective", collective, ("all-reduce", "all-gather", "reduce-scatter"))
-    gpus = check_gpus(gpus)
-    return (2 if collective == "all-reduce" else 1) * (gpus - 1) / gpus * values
-
-
 def comm_seconds(parameters: int, stage: int, gpus: int, *, bytes_per_value: int = 2,
                  gpus_per_node: int = FSDP_PAPER_GPUS_PER_NODE, intra: str = "a100-nvlink3",
                  inter: str = "fsdp-paper-roce", hop_latency_s: float = 0.0) -> float:

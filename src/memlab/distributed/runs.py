@@ -18,6 +18,7 @@ to one process trained on the whole batch (:func:`single_process`).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -222,13 +223,13 @@ def _one_strategy(strategy: str, spec: dict, device: torch.device, data) -> dict
         before = local_state_bytes(w.model, w.optimizer, device)
 
         def step(x=x, y=y, last=last, w=w):
-            saved = SavedBytes(w.model)
-            with saved if last else _null():
+            saved = SavedBytes(w.model) if last else None
+            with saved or contextlib.nullcontext():
                 loss = lm_loss(w.model(x), y)
             kept = param_bytes_now(w.model)  # what stays gathered from forward to backward
             loss.backward()
             w.optimizer.step()
-            return loss.detach(), saved.bytes, kept
+            return loss.detach(), saved.bytes if saved else 0, kept
 
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -276,14 +277,6 @@ def _param_device(model: nn.Module) -> str:
     return str(p.to_local().device if isinstance(p, DTensor) else p.device)
 
 
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def strategy_ranks(spec: dict, device: torch.device) -> dict:
     """One rank's part of every strategy in ``spec['strategies']``, run in turn (chapter: 6)."""
     cfg = ModelConfig(**spec["config"])
@@ -325,18 +318,14 @@ def one_process_memory(cfg: ModelConfig, *, batch_size: int, seq_len: int,
     data = batches(cfg, 2, batch_size, seq_len)
 
     def step(x, y, saved):
-        with saved:
+        with saved or contextlib.nullcontext():
             loss = lm_loss(model(x.to(device)), y.to(device))
         loss.backward()
         opt.step()
-        return saved.bytes
+        return saved.bytes if saved else 0
 
-    step(*data[0], _null_saved())
+    step(*data[0], None)
     opt.zero_grad(set_to_none=True)
     held = sum(v for k, v in local_state_bytes(model, opt, device).items() if k != "offloaded")
     saved, peak = measure_peak(step, *data[1], SavedBytes(model), device=device)
     return dict(activations=saved, peak_bytes=held + peak.peak_allocated_bytes)
-
-
-class _null_saved(_null):
-    bytes = 0
