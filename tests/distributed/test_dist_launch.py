@@ -1,5 +1,6 @@
 """The launcher: a whole group, two "nodes", a failing rank, a hanging collective, no process left behind."""
 
+import contextlib
 import time
 import uuid
 from pathlib import Path
@@ -20,10 +21,8 @@ def _workers() -> int:
     """Processes still alive that this module's launches started (found by an environment mark)."""
     n = 0
     for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to read
             n += MARK.encode() in environ.read_bytes()
-        except OSError:  # gone meanwhile, or not ours to read
-            pass
     return n
 
 
