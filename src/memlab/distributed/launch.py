@@ -5,8 +5,9 @@ One code path for every device: the parent calls :func:`launch`, which runs
     python -m torch.distributed.run --nproc-per-node N ... -m memlab.distributed.worker TARGET SPEC OUT
 
 ``memlab.distributed.worker`` joins the process group (gloo on a CPU, NCCL on GPUs), calls
-``TARGET(spec)`` on every rank and writes that rank's answer to ``OUT/rank<r>.json``. The parent
-reads the answers back, one dict per rank, in rank order.
+``TARGET(spec, device)`` on every rank and writes that rank's answer to
+``OUT/answer-<pid>.json``. The parent reads the answers back, one dict per process, in rank
+order.
 
 What can go wrong is turned into one line each:
 

@@ -255,7 +255,10 @@ def _one_strategy(strategy: str, spec: dict, device: torch.device, data) -> dict
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-        w.optimizer.zero_grad(set_to_none=True)
+        # DDP's gradients are views of its communication buckets (gradient_as_bucket_view),
+        # which stay allocated between steps: keep them, so that what a rank holds before
+        # the next step counts them. FSDP frees its gradient shards until the next backward.
+        w.optimizer.zero_grad(set_to_none=strategy not in ("ddp", "zero1"))
         mean = loss.clone()
         dist.all_reduce(mean, op=dist.ReduceOp.SUM)
         losses.append(float(mean) / world)
