@@ -221,7 +221,7 @@ CASES = {
     "C33": {HOLDS: lambda ev: {**ev, "zero2": list(ev["zero3"])}, CAVEAT: lambda ev: ev,
             WRONG: lambda ev: {**ev, "zero3": [5 * ev["block"]] * len(ev["zero3"])}},
     "C34": {HOLDS: lambda ev: _runs(ev, "replicate", peak=ev["runs"]["ddp"]["peak"]),
-            CAVEAT: lambda ev: ev,
+            CAVEAT: lambda ev: _runs(ev, "replicate", peak=int(1.5 * ev["runs"]["ddp"]["peak"])),
             WRONG: lambda ev: _runs(ev, "hsdp", model_states=ev["runs"]["ddp"]["model_states"])},
     "C35": {HOLDS: lambda ev: _rec(ev, "offload", peak=ev["recorded"]["zero3"]["peak"] // 4),
             CAVEAT: lambda ev: ev,
