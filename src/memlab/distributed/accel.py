@@ -61,7 +61,9 @@ def accelerate_run(spec: dict, *, nproc: int = 2, accelerate_args: tuple[str, ..
     dict), ``steps``, ``batch_size``, ``seq_len``, ``lr`` and ``cpu`` (``Accelerator(cpu=...)``).
     """
     from memlab.distributed.launch import check_group, launch
+    from memlab.errors import require
 
+    require("accelerate", "accelerate's launches", extra="compare")
     done = launch("memlab.distributed.accel:accelerate_ranks", spec, nproc=nproc,
                   accelerate_args=None if accelerate_args is None else tuple(accelerate_args),
                   timeout_s=timeout_s)
