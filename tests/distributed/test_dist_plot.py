@@ -71,6 +71,7 @@ def _run(strategy: str, stage: int, comm: dict, timeline=()) -> StrategyRun:
         strategy=strategy, label=strategy.upper(), stage=stage, shard_size=1 if stage < 2 else 4,
         mesh_shape=(WORLD,), formula=zero.formula(stage, layout="fp32"),
         formula_bytes=zero.model_states(N_PARAMS, stage, WORLD, layout="fp32").total,
+        built_bytes=zero.model_states(N_PARAMS, stage, WORLD, layout="fp32").total,
         comm_formula_bytes=zero.comm_volume(N_PARAMS, stage, bytes_per_value=4),
         ranks=tuple(_rank(r, stage, comm) for r in range(WORLD)), losses=(1.0,),
         step_seconds=0.1, against_one_process=ok, tolerance=ok, gather_timeline=timeline)

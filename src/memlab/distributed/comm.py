@@ -4,7 +4,8 @@ PyTorch's ``CommDebugMode`` counts collectives but not their bytes. :class:`Comm
 dispatch mode over the ``c10d`` operators, so it sees every collective issued from Python
 (FSDP2's all-gathers and reduce-scatters, ``ZeroRedundancyOptimizer``'s broadcasts), and over
 the functional ``_c10d_functional`` ones DTensor issues (tensor parallelism's all-reduces). DDP's gradient all-reduce is issued by its C++ reducer, which no
-dispatch mode sees; :func:`counting_allreduce_hook` is a DDP communication hook that counts it.
+dispatch mode sees; :func:`python_allreduce_hook` issues it from Python instead, where the
+counter sees it.
 
 What is counted for one call is its *payload*: the bytes of the full tensor the collective is
 about (an all-reduce's tensor, an all-gather's output, a reduce-scatter's input, a broadcast's

@@ -180,8 +180,8 @@ def launch(target: str, spec: dict | None = None, *, nproc: int = 4, nnodes: int
     if backend is not None:
         check_choice("backend", backend, BACKENDS)
     if not timeout_s > 0 or not collective_timeout_s > 0:
-        raise MemlabError(f"timeouts must be positive seconds, got {timeout_s!r} and "
-                          f"{collective_timeout_s!r}")
+        raise MemlabError(f"timeouts must be positive seconds, got timeout_s={timeout_s!r} and "
+                          f"collective_timeout_s={collective_timeout_s!r}; accepted: numbers > 0")
     work = Path(tempfile.mkdtemp(prefix="memlab-launch-"))
     try:
         spec_path = work / "spec.json"
@@ -191,7 +191,8 @@ def launch(target: str, spec: dict | None = None, *, nproc: int = 4, nnodes: int
         endpoint = f"127.0.0.1:{free_port()}"
         if accelerate_args is not None:
             if nnodes != 1:
-                raise MemlabError(f"accelerate launch here starts one node, got nnodes={nnodes}")
+                raise MemlabError(f"accelerate launch here starts one node, got nnodes={nnodes}; "
+                                  "accepted: nnodes=1 (torchrun for several)")
             cmds = [accelerate_command(target, spec_path, work, nproc=nproc,
                                        args=tuple(accelerate_args))]
         else:

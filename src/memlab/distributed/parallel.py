@@ -107,7 +107,8 @@ def local_config(cfg: ModelConfig, tp: int) -> ModelConfig:
                           f"degree ({tp}); accepted: a degree dividing {cfg.kv_heads}")
     if cfg.ffn_dim % tp:
         raise MemlabError(f"the MLP width ({cfg.ffn_dim}) must be divisible by the "
-                          f"tensor-parallel degree ({tp})")
+                          f"tensor-parallel degree ({tp}); accepted: a degree dividing "
+                          f"{cfg.ffn_dim}")
     return replace(cfg, n_head=cfg.n_head // tp, n_kv_head=cfg.kv_heads // tp,
                    d_model=cfg.d_model // tp)
 

@@ -98,41 +98,77 @@ class SavedBytes:
         self._hooks.__exit__(*exc)
 
 
-def param_bytes_now(model: nn.Module) -> int:
-    """Bytes of the parameter storages alive now: sharded ones plus any FSDP has gathered (chapter: 6)."""
-    from torch.distributed.tensor import DTensor
+def _fsdp_groups(model: nn.Module) -> list:
+    """FSDP2's parameter groups of every unit, each once; empty for a model FSDP does not shard.
 
-    seen, total = set(), 0
-    for p in model.parameters():
-        storage = (p.to_local() if isinstance(p, DTensor) else p).untyped_storage()
-        if storage.nbytes() and storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
-    return total
-
-
-def gathered_bytes(model: nn.Module) -> int:
-    """Bytes of the parameters FSDP holds gathered (unsharded) right now, over every unit (chapter: 6).
-
-    Read against torch 2.13's FSDP2 (``_fully_shard``): each unit's state keeps its parameter
-    groups, and each parameter its ``_unsharded_param``, whose storage is resized to zero when
-    the unit reshards. Zero for a model FSDP does not shard.
+    Read against torch 2.13's ``_fully_shard``: a unit's state (``_get_fsdp_state()``) keeps its
+    ``_fsdp_param_groups``; a unit of several modules shares one state.
     """
-    total, seen = 0, set()
+    groups, seen = [], set()
     for m in model.modules():
         get_state = getattr(m, "_get_fsdp_state", None)
         if get_state is None:
             continue
         state = get_state()
-        if id(state) in seen:  # one unit of several modules shares one state
+        if id(state) in seen:
             continue
         seen.add(id(state))
-        for group in getattr(state, "_fsdp_param_groups", ()):
-            for fp in group.fsdp_params:
-                up = getattr(fp, "_unsharded_param", None)
-                if up is not None:
-                    total += up.untyped_storage().nbytes()
-    return total
+        if not hasattr(state, "_fsdp_param_groups"):  # another torch: fail loudly, not with zeros
+            raise MemlabError(f"this torch ({torch.__version__}) keeps FSDP's parameter groups "
+                              "elsewhere; the gathered bytes cannot be read")
+        groups += list(state._fsdp_param_groups)
+    return groups
+
+
+def _storage_bytes(t) -> tuple[int, int]:
+    """(data pointer, bytes) of a tensor's storage, (0, 0) for None or a freed storage."""
+    if not isinstance(t, torch.Tensor):
+        return 0, 0
+    storage = t.untyped_storage()
+    return (storage.data_ptr(), storage.nbytes()) if storage.nbytes() else (0, 0)
+
+
+def param_bytes_now(model: nn.Module) -> int:
+    """Bytes of parameter storage alive now: every rank's shards plus what FSDP has gathered (chapter: 6).
+
+    FSDP2 registers the gathered parameters on the modules while they compute, but keeps each
+    rank's shard alive beside them; both are counted.
+    """
+    from torch.distributed.tensor import DTensor
+
+    seen: dict[int, int] = {}
+    for p in model.parameters():
+        ptr, n = _storage_bytes(p.to_local() if isinstance(p, DTensor) else p)
+        if n:
+            seen[ptr] = n
+    for group in _fsdp_groups(model):
+        for fp in group.fsdp_params:
+            for t in (getattr(fp, "_sharded_param_data", None),
+                      getattr(fp, "_unsharded_param", None)):
+                ptr, n = _storage_bytes(t)
+                if n:
+                    seen[ptr] = n
+    return sum(seen.values())
+
+
+def gathered_bytes(model: nn.Module) -> int:
+    """Bytes of parameters FSDP holds gathered right now, over every unit: unsharded parameters and all-gather buffers (chapter: 6).
+
+    An all-gather's output buffer is alive from the collective until its unit copies it out
+    (FSDP prefetches the next unit's, so it can overlap the current unit's compute). Zero for a
+    model FSDP does not shard.
+    """
+    seen: dict[int, int] = {}
+    for group in _fsdp_groups(model):
+        for fp in group.fsdp_params:
+            ptr, n = _storage_bytes(getattr(fp, "_unsharded_param", None))
+            if n:
+                seen[ptr] = n
+        result = getattr(group, "_all_gather_result", None)
+        ptr, n = _storage_bytes(getattr(result, "all_gather_output", None))
+        if n:
+            seen[ptr] = n
+    return sum(seen.values())
 
 
 class GatherTimeline:
@@ -166,8 +202,12 @@ class GatherTimeline:
 
 
 def timeline_units(model: nn.Module) -> dict[str, nn.Module]:
-    """The modules a timeline marks: each block by its index (chapter: 6)."""
-    return {f"block {i}": b for i, b in enumerate(getattr(model, "blocks", []))}
+    """The modules a timeline marks: the embedding, each block by its index, the head (chapter: 6)."""
+    units = {"embedding": model.tok_emb} if hasattr(model, "tok_emb") else {}
+    units |= {f"block {i}": b for i, b in enumerate(getattr(model, "blocks", []))}
+    if hasattr(model, "lm_head"):
+        units["head"] = model.lm_head
+    return units
 
 
 def _gathered_param_storages(model: nn.Module) -> set[int]:
@@ -189,7 +229,8 @@ def batches(cfg: ModelConfig, steps: int, batch_size: int, seq_len: int):
 
 def _rows(world: int, rank: int, batch_size: int) -> slice:
     if batch_size % world:
-        raise MemlabError(f"the global batch ({batch_size}) must split evenly over {world} ranks")
+        raise MemlabError(f"the global batch ({batch_size}) must split evenly over {world} ranks; "
+                          f"accepted: a multiple of {world}")
     n = batch_size // world
     return slice(rank * n, (rank + 1) * n)
 

@@ -120,6 +120,8 @@ class StrategyRun:
     mesh_shape: tuple[int, ...]
     formula: str  # the ZeRO formula of the rank's model states, in Ψ and N
     formula_bytes: int  # that formula for this model and N
+    built_bytes: int  # what PyTorch's class holds by construction (FSDP2 kept after forward:
+    # its shard beside the gathered parameters, pΨ + (p+g+k)Ψ/N); the formula elsewhere
     comm_formula_bytes: int  # 2Ψ (DDP, stages 1-2) or 3Ψ (stage 3), in the run's bytes
     ranks: tuple[RankMemory, ...]
     losses: tuple[float, ...]  # the global batch's loss at each step
@@ -131,8 +133,13 @@ class StrategyRun:
 
     @property
     def state_ratio(self) -> float:
-        """Largest rank's measured model states over the formula (chapter: 6)."""
+        """Largest rank's measured model states over the ZeRO formula (chapter: 6)."""
         return max(r.model_states for r in self.ranks) / self.formula_bytes
+
+    @property
+    def built_ratio(self) -> float:
+        """Largest rank's measured model states over what PyTorch's class holds by construction (chapter: 6)."""
+        return max(r.model_states for r in self.ranks) / self.built_bytes
 
     @property
     def comm_ratio(self) -> float | None:
@@ -184,7 +191,7 @@ class DistributedMemory:
                 f"{self.device}), global batch {self.batch_size} x {self.seq_len}, "
                 f"{self.steps} steps, {self.layout}; {unit} per rank")
         cols = f"{'strategy':<34}{'params':>8}{'grads':>8}{'optim':>8}{'acts':>8}{'peak':>8}" \
-               f"{'states/formula':>16}{'comm/formula':>14}  same as 1 process"
+               f"{'states/formula':>16}{'/as built':>10}{'comm/formula':>14}  same as 1 process"
         lines = [head, cols]
         for r in self.runs:
             k = r.ranks[0]
@@ -192,11 +199,24 @@ class DistributedMemory:
                 f"{r.label:<34}{to_unit(k.parameters_after_forward, unit):>8.2f}"
                 f"{to_unit(k.gradients, unit):>8.2f}{to_unit(k.optimizer_states, unit):>8.2f}"
                 f"{to_unit(k.activations, unit):>8.2f}{to_unit(k.peak_bytes, unit):>8.2f}"
-                f"{r.state_ratio:>16.3f}"
+                f"{r.state_ratio:>16.3f}{r.built_ratio:>10.3f}"
                 + (f"{r.comm_ratio:>14.3f}  " if r.comm_ratio is not None else f"{'-':>14}  ")
                 +
                 f"{'yes' if r.matches_one_process else 'NO'}")
         return "\n".join(lines)
+
+
+def built_bytes(strategy: str, parameters: int, gpus: int, layout: str = "fp32") -> int:
+    """Model states one rank of ``strategy`` holds by construction, bytes: the ZeRO formula, except for FSDP2 kept after forward (chapter: 6).
+
+    FSDP2 without resharding after the forward keeps every parameter gathered from forward to
+    backward, and its own shard beside it: pΨ + (p+g+k)Ψ/N, where ZeRO-2's formula has
+    pΨ + (g+k)Ψ/N.
+    """
+    p = zero.LAYOUTS[layout][0]
+    if strategy == "zero2":
+        return zero.model_states(parameters, 3, gpus, layout=layout).total + p * parameters
+    return zero.model_states(parameters, STAGE[strategy], gpus, layout=layout).total
 
 
 def _unmeasured(times: list[float]) -> list[float]:
@@ -280,6 +300,7 @@ def distributed_memory(cfg: ModelConfig, *, nproc: int = 4, strategies=STRATEGIE
                 mesh_shape=tuple(first["mesh_shape"]),
                 formula=zero.formula(stage, layout="fp32"),
                 formula_bytes=zero.model_states(n, stage, gpus, layout="fp32").total,
+                built_bytes=built_bytes(s, n, gpus),
                 comm_formula_bytes=zero.comm_volume(n, 0 if shard == 1 else stage,
                                                     bytes_per_value=4),
                 ranks=tuple(_rank_memory(a, s) for a in done.ranks),

@@ -63,7 +63,8 @@ def shard_mesh(strategy: str, world: int, device: torch.device, shard_size: int 
             shard_size or (2 if world % 2 == 0 and world > 2 else world))
         if world % shard:
             raise MemlabError(f"hybrid sharding needs a shard size that divides the {world} "
-                              f"ranks, got {shard}")
+                              f"ranks, got {shard}; accepted: "
+                              + ", ".join(str(d) for d in range(1, world + 1) if world % d == 0))
         return init_device_mesh(device.type, (world // shard, shard),
                                 mesh_dim_names=("replicate", "shard"))
     return init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))

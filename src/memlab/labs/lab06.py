@@ -170,9 +170,9 @@ def per_rank_slips() -> list[tuple[Callable, str]]:
 
     return [
         (share(lambda b, n, g: b * n / g), "round each shard up to whole bytes: "
-                                           "ceil(bytes per parameter x Ψ / N), as FSDP pads"),
-        (share(lambda b, n, g: b * n // g), "round each shard up (ceil), not down: FSDP pads so "
-                                            "that every GPU holds a full shard"),
+                                           "ceil(bytes per parameter x Ψ / N), the book's convention"),
+        (share(lambda b, n, g: b * n // g), "round each shard up (ceil), not down: the book's "
+                                            "convention, so no byte is lost"),
         (share(lambda b, n, g: b * -(-n // g)), "round the bytes up, ceil(bytes per parameter "
                                                 "x Ψ / N), not the parameters"),
         (rule(sharded_from=(0, 0, 0)), "stage 0 (DDP) shards nothing; " + STAGE_RULE),
@@ -532,8 +532,9 @@ def _bytes_slips(strategy: str, run: GatherRun) -> list[tuple[float, str]]:
          f"that is {other}'s largest; this key asks for {strategy}'s"),
         (float(sum(values)), "the largest value of the timeline, not the sum of its marks"),
         (float(values[-1]), "the largest value over all the marks, not the last one"),
-        (float(run.parameters * 4), "the largest value the timeline shows, not all the "
-                                    "model's parameters"),
+        *([(float(run.parameters * 4), "the largest value the timeline shows, not all the "
+                                       "model's parameters")] if run.parameters * 4 != largest
+          else []),
         (largest / 2**20, "answer bytes, not MiB"),
         (largest / 1e6, "answer bytes, not MB"),
     ])
