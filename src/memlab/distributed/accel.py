@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from memlab.distributed.runs import _rows, batches, local_state_bytes
+from memlab.distributed.runs import batch_rows, batches, local_state_bytes
 from memlab.model.transformer import ModelConfig, build_model, lm_loss
 
 ACCELERATE_FSDP_CONFIG = "configs/accelerate/fsdp2.yaml"  # for GPUs only
@@ -34,7 +34,7 @@ def accelerate_ranks(spec: dict, device: torch.device) -> dict:
     model = build_model(cfg, seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=0.0, foreach=True)
     model, opt = acc.prepare(model, opt)
-    rows = _rows(acc.num_processes, acc.process_index, spec["batch_size"])
+    rows = batch_rows(acc.num_processes, acc.process_index, spec["batch_size"])
     losses = []
     for x, y in batches(cfg, spec["steps"], spec["batch_size"], spec["seq_len"]):
         loss = lm_loss(model(x[rows].to(acc.device)), y[rows].to(acc.device))

@@ -227,7 +227,8 @@ def batches(cfg: ModelConfig, steps: int, batch_size: int, seq_len: int):
     return [task.sample(batch_size, seq_len, seed=1000 + s) for s in range(steps)]
 
 
-def _rows(world: int, rank: int, batch_size: int) -> slice:
+def batch_rows(world: int, rank: int, batch_size: int) -> slice:
+    """This rank's rows of a global batch of ``batch_size`` sequences split over ``world`` ranks (chapter: 6)."""
     if batch_size % world:
         raise MemlabError(f"the global batch ({batch_size}) must split evenly over {world} ranks; "
                           f"accepted: a multiple of {world}")
@@ -249,7 +250,7 @@ def _one_strategy(strategy: str, spec: dict, device: torch.device, data) -> dict
     from memlab.measure.step import measure_peak
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    rows = _rows(world, rank, spec["batch_size"])
+    rows = batch_rows(world, rank, spec["batch_size"])
     cfg = ModelConfig(**spec["config"])
     model = build_model(cfg, seed=0).to(device)
     counter = CommCounter()
