@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -185,6 +186,15 @@ class GatherTimeline:
         self.events.append((what, gathered_bytes(self.model)))
 
     def __enter__(self):
+        # Two notices that say nothing about this step: the embedding's input (token ids) needs
+        # no gradient, so its backward hook fires on its output; FSDP2 warns that the model's
+        # output is a view, against in-place ops, which the loss does not do.
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients",
+                                category=UserWarning)
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view",
+                                category=UserWarning)
         for name, m in self.units.items():
             self._handles += [
                 m.register_forward_pre_hook(lambda *_, n=name: self.mark(f"forward {n} starts")),
@@ -198,6 +208,7 @@ class GatherTimeline:
     def __exit__(self, *exc):
         for h in self._handles:
             h.remove()
+        self._warnings.__exit__(*exc)
         return False
 
 
