@@ -358,9 +358,7 @@ class DeepSpeedRun:
     @property
     def matches_one_process(self) -> bool:
         """Losses and weights within the stated tolerance of one process (chapter: 6)."""
-        a, t = self.against_one_process, self.tolerance
-        return (a.max_loss_diff <= t.max_loss_diff and a.max_weight_diff <= t.max_weight_diff
-                and a.weight_outlier_share <= t.weight_outlier_share)
+        return self.against_one_process.within(self.tolerance)
 
 
 @dataclass(frozen=True)

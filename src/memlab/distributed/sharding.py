@@ -67,6 +67,12 @@ class Agreement:
     max_weight_diff: float
     weight_outlier_share: float
 
+    def within(self, tolerance: Agreement) -> bool:
+        """Every measure at or below ``tolerance``'s (chapter: 6)."""
+        return (self.max_loss_diff <= tolerance.max_loss_diff
+                and self.max_weight_diff <= tolerance.max_weight_diff
+                and self.weight_outlier_share <= tolerance.weight_outlier_share)
+
 
 def agreement(losses, weights: dict[str, torch.Tensor], ref_losses,
               ref_weights: dict[str, torch.Tensor]) -> Agreement:
@@ -151,9 +157,7 @@ class StrategyRun:
     @property
     def matches_one_process(self) -> bool:
         """Losses and weights within the stated tolerance of one process (chapter: 6)."""
-        a, t = self.against_one_process, self.tolerance
-        return (a.max_loss_diff <= t.max_loss_diff and a.max_weight_diff <= t.max_weight_diff
-                and a.weight_outlier_share <= t.weight_outlier_share)
+        return self.against_one_process.within(self.tolerance)
 
 
 @dataclass(frozen=True)
