@@ -113,7 +113,10 @@ def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
                    help=f"one of: {', '.join(OPTIMIZER_IMPLS)} (default foreach)")
     p.add_argument("--attention", default=None,
                    help="sdpa (default), eager or flash (the book's own FlashAttention)")
-    p.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
+    p.add_argument("--checkpointing", nargs="?", const=True, default=False, metavar="PLAN",
+                   help="activation checkpointing; alone: full (every block); or a plan: full, "
+                        "selective (the attention core only), every-K (every K-th block), "
+                        "segments-K (K blocks per recomputed segment)")
     p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
     p.add_argument("--lora-rank", type=int, default=None,
                    help="fine-tune with LoRA adapters of this rank (the base frozen)")
@@ -147,7 +150,7 @@ def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _step_json(result, mode: str) -> dict:
+def _step_json(result, mode: str, spec) -> dict:
     """The common keys of an estimate and a trace, plus the phase peaks."""
     if mode == "estimate":
         d = result.as_dict()
@@ -163,7 +166,23 @@ def _step_json(result, mode: str) -> dict:
     conventions = result.setup.get("device", "cpu") if mode == "estimate" else "cpu"
     return dict(mode=mode, conventions=conventions, parameters=result.setup["parameters"], **keys,
                 peak_bytes=result.peak_bytes, peak_phase=result.peak_phase,
-                phase_peak_bytes=result.phase_peak_bytes, setup=result.setup)
+                phase_peak_bytes=result.phase_peak_bytes, setup=result.setup,
+                **_flops_json(result, mode, spec))
+
+
+def _flops_json(result, mode: str, spec) -> dict:
+    """FLOPs of the step: counted by FlopCounterMode (trace), or from the shapes (estimate)."""
+    if mode == "trace":
+        return dict(flops=result.flops, flops_by_phase=result.flops_by_phase,
+                    flops_source="counted (torch.utils.flop_counter.FlopCounterMode)")
+    from memlab.compute.flops import ATTENTION_BACKWARD, step_flops
+
+    if spec.attention not in ATTENTION_BACKWARD or spec.prepare is not None:
+        return {}  # the book's FlashAttention and fine-tuning set-ups: counted by a trace only
+    f = step_flops(spec)
+    return dict(flops=f.total, flops_by_phase=dict(forward=f.forward, backward=f.backward,
+                                                   optimizer=0),
+                flops_source="estimated from the shapes (memlab.compute.flops.step_flops)")
 
 
 # a training step's options, with their values when not given
@@ -223,9 +242,9 @@ def _cmd_step(args, mode: str) -> int:
                     checkpointing=args.checkpointing, grad_accum_steps=args.grad_accum,
                     attention=args.attention, prepare=prepare)
     result = (estimate_finetune(spec, device=args.device) if mode == "estimate"
-              else trace_step(spec))
+              else trace_step(spec, count_flops=True))
     if args.json:
-        print(json.dumps(_step_json(result, mode) | {"trainable_parameters": trainable}))
+        print(json.dumps(_step_json(result, mode, spec) | {"trainable_parameters": trainable}))
     else:
         print(result.table())
         print(f"trainable parameters: {trainable:,}")
@@ -265,7 +284,7 @@ def _cmd_sharded(args) -> int:
     est = estimate_sharded(spec, zero_stage=stage, gpus=gpus, offload=offload, device=args.device)
     if args.json:
         one_gpu = estimate_finetune(spec, device=args.device)
-        print(json.dumps(_step_json(one_gpu, "estimate") | dict(
+        print(json.dumps(_step_json(one_gpu, "estimate", spec) | dict(
             trainable_parameters=spec.config.num_parameters(), zero_stage=stage, gpus=gpus,
             offload=offload, layout=est.layout,
             per_gpu_model_state_bytes=est.per_gpu_model_state_bytes,

@@ -346,7 +346,7 @@ def test_trace_llama2_7b_without_allocating_it():
         ({"precision": "fp8"}, "unknown precision 'fp8'; accepted: fp32, fp16-mixed, bf16-mixed, bf16"),
         ({"optimizer": "lion"}, "unknown optimizer 'lion'; accepted: adamw"),
         ({"optimizer_impl": "apex"}, "unknown optimizer_impl 'apex'; accepted: foreach, fused, for-loop"),
-        ({"checkpointing": "yes"}, "checkpointing must be True or False, got 'yes'"),
+        ({"checkpointing": "yes"}, "checkpointing 'yes' is not a plan; accepted: none, full, selective"),
         ({"model": "gpt5"}, "unknown model 'gpt5'"),
         ({"model": 7}, "model must be a preset name or a ModelConfig, got 7"),
     ],

@@ -84,6 +84,7 @@ from memlab.memory.training import (
     param_groups,
     step_scratch_bytes,
 )
+from memlab.model.checkpoint import check_plan
 from memlab.model.transformer import ModelConfig
 from memlab.units import to_unit
 
@@ -213,6 +214,7 @@ def estimate_sharded(
     check_offload(offload, stage)
     spec = _spec(model, batch_size, seq_len, precision, optimizer, optimizer_impl, attention,
                  checkpointing, grad_accum_steps)
+    check_plan(spec.checkpointing, ("none", "full"), "estimate_sharded")
     check_choice("device", device, ("cuda", "cpu"))
     cfg, B, T = spec.config, spec.batch_size, spec.seq_len
     layout, compute = LAYOUT_OF[spec.precision], COMPUTE_PRECISION[spec.precision]

@@ -45,6 +45,7 @@ from memlab.memory.training import (
     step_estimate,
     step_scratch_bytes,
 )
+from memlab.model.checkpoint import check_plan
 from memlab.model.transformer import ModelConfig, get_config
 from memlab.quant.functional import DQ_BLOCKSIZE
 
@@ -229,7 +230,8 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
         return replace(full, setup={**full.setup, "trainable_parameters": full.parameters})
     B, T, precision = spec.batch_size, spec.seq_len, spec.precision
     optimizer, optimizer_impl = spec.optimizer, spec.optimizer_impl
-    ckpt, accumulating = spec.checkpointing, spec.grad_accum_steps > 1
+    ckpt = bool(check_plan(spec.checkpointing, ("none", "full"), "a LoRA or last-blocks estimate"))
+    accumulating = spec.grad_accum_steps > 1
     pb = PARAM_BYTES[precision]
     BT = B * T
 

@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_leaves
 
 from memlab.device import pick_device
 from memlab.errors import MemlabError, check_choice, check_positive_int
+from memlab.model.checkpoint import parse_checkpointing
 from memlab.model.train import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, make_optimizer
 from memlab.model.transformer import ATTENTION_IMPLS, ModelConfig, build_model, get_config, lm_loss
 from memlab.units import to_unit
@@ -259,6 +260,14 @@ def _peak_dispatch(dev, fn, args, kwargs):
     return result, tracker.peak_bytes, None, tracker.live_bytes
 
 
+def checkpointing_words(label) -> str:
+    """', checkpointing' (full), ', <plan> checkpointing' or '' for a setup's value, as tables write it (chapters: 0, 7)."""
+    plan = parse_checkpointing(label)
+    if not plan:
+        return ""
+    return ", checkpointing" if plan.kind == "full" else f", {plan.name} checkpointing"
+
+
 # A training step, split by category ---------------------------------------------------------
 @dataclass(frozen=True)
 class StepSpec:
@@ -275,7 +284,9 @@ class StepSpec:
     precision: str = "fp32"
     optimizer: str = "adamw"
     optimizer_impl: str = "foreach"  # 'foreach' (CUDA's default), 'fused' or 'for-loop'
-    checkpointing: bool = False  # full activation checkpointing: one saved input per block
+    # Activation checkpointing (memlab.model.checkpoint): False (none), True (full: one saved
+    # input per block), or a plan name: 'selective', 'every-K', 'segments-K'.
+    checkpointing: bool | str = False
     grad_accum_steps: int = 1  # micro-batches whose gradients add up before one optimizer step
     attention: str | None = None
     # Applied to the built model before the step (inside the fake mode when traced): freezing,
@@ -306,8 +317,7 @@ class StepSpec:
         if self.optimizer == "adamw-8bit" and self.optimizer_impl == "fused":
             raise MemlabError("optimizer 'adamw-8bit' has its own kernels; accepted optimizer_impl "
                               "for it: foreach, for-loop")
-        if not isinstance(self.checkpointing, bool):
-            raise MemlabError(f"checkpointing must be True or False, got {self.checkpointing!r}")
+        object.__setattr__(self, "checkpointing", parse_checkpointing(self.checkpointing).label)
         check_positive_int("grad_accum_steps", self.grad_accum_steps)
         if self.prepare is not None and not callable(self.prepare):
             raise MemlabError(f"prepare must be a callable taking the model, got {self.prepare!r}")
@@ -378,6 +388,11 @@ class StepMemory:
     # before the model was built; a cross-check of peak_bytes that also sees kernel workspaces.
     allocator_peak_bytes: int | None = None
     allocator_reserved_bytes: int | None = None
+    # FLOPs of the recorded step as torch.utils.flop_counter.FlopCounterMode counts them
+    # (matrix multiplies and attention; elementwise work such as the optimizer's is not
+    # counted), in total and by phase; a checkpointed forward run again counts in 'backward'.
+    flops: int | None = None  # None: not counted (count_flops=False)
+    flops_by_phase: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         """The fields as a plain dict, bytes as ints (chapter: 0)."""
@@ -387,7 +402,7 @@ class StepMemory:
         """The categories as a text table in MiB or GiB with their share of the peak (chapter: 0)."""
         unit = unit or ("GiB" if self.peak_bytes >= 2**30 else "MiB")
         s = self.setup
-        ckpt = ", checkpointing" if s.get("checkpointing") else ""
+        ckpt = checkpointing_words(s.get("checkpointing"))
         lines = [
             f"{self.mode} training step on {self.device}: {s.get('model')} "
             f"({s.get('parameters', 0):,} parameters), batch {s.get('batch_size')} x "
@@ -542,8 +557,11 @@ def _autocast(setup: StepSpec, device: torch.device) -> Iterator[None]:
         yield
 
 
-def _iteration(setup, device, model, optimizer, idx, targets, tracker, phase_snaps) -> None:
+def _iteration(setup, device, model, optimizer, idx, targets, tracker, phase_snaps,
+               flops: _PhaseFlops | None = None) -> None:
     """One training step; with ``phase_snaps`` a dict, store each phase's peak categories in it.
+
+    With ``flops``, each phase's FLOPs (as PyTorch's counter counts them) are added up in it.
 
     With gradient accumulation the step runs ``grad_accum_steps`` forward and backward passes
     (on the same micro-batch) before the optimizer steps; a phase's peak is the largest over
@@ -551,6 +569,8 @@ def _iteration(setup, device, model, optimizer, idx, targets, tracker, phase_sna
     """
 
     def phase_done(name: str) -> None:
+        if flops is not None:
+            flops.phase_done(name)
         if phase_snaps is not None:
             snap = tracker.bytes_on(device, "peak")
             if name not in phase_snaps or snap["Total"] >= phase_snaps[name]["Total"]:
@@ -573,6 +593,49 @@ def _iteration(setup, device, model, optimizer, idx, targets, tracker, phase_sna
     phase_done("optimizer")
 
 
+class _PhaseFlops:
+    """FLOPs per phase from a running ``FlopCounterMode``: each phase gets what was counted since
+    the previous phase ended (micro-batches of an accumulated step add up)."""
+
+    def __init__(self, counter) -> None:
+        self.counter = counter
+        self.seen = 0
+        self.by_phase = dict.fromkeys(PHASES, 0)
+
+    def phase_done(self, name: str) -> None:
+        total = self.counter.get_total_flops()
+        self.by_phase[name] += total - self.seen
+        self.seen = total
+
+
+def _flop_counter():
+    """PyTorch's FLOP counter, with the CPU attention kernel's formulas registered."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from memlab.measure.flops import register_cpu_sdpa_flops
+
+    register_cpu_sdpa_flops()  # else SDPA on a CPU counts 0
+    counter = FlopCounterMode(display=False)
+    # The counter's module tracker hooks every module's outputs for the backward pass, which
+    # keeps them alive longer and would change the bytes this step measures; only the total is
+    # needed, so every count goes to 'Global' (read against torch 2.13's flop_counter.py).
+    if hasattr(counter, "mod_tracker"):
+        counter.mod_tracker = _GlobalOnly()
+    return counter
+
+
+class _GlobalOnly:
+    """A stand-in for FlopCounterMode's module tracker: no hooks, every FLOP filed as 'Global'."""
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args) -> None:
+        return None
+
+
 def _prime_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """One optimizer step on zero gradients: the states exist afterwards, as after a first step."""
     for p in model.parameters():
@@ -582,7 +645,8 @@ def _prime_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     optimizer.zero_grad(set_to_none=True)
 
 
-def _run_step(setup: StepSpec, *, device: torch.device, traced: bool, seed: int) -> StepMemory:
+def _run_step(setup: StepSpec, *, device: torch.device, traced: bool, seed: int,
+              count_flops: bool = False) -> StepMemory:
     """Run a training step after a first one under MemTracker and return its breakdown.
 
     Measured, the first step is a real one; traced, it is one optimizer step on zero
@@ -590,7 +654,8 @@ def _run_step(setup: StepSpec, *, device: torch.device, traced: bool, seed: int)
 
     The single implementation behind :func:`measure_step` (real tensors on ``device``) and
     :func:`trace_step` (fake CPU tensors): everything, the model's construction included,
-    happens inside the fake mode when ``traced``.
+    happens inside the fake mode when ``traced``. ``count_flops`` runs one more step under
+    PyTorch's FLOP counter.
     """
     if setup.optimizer == "adamw-8bit":
         raise MemlabError(f"{'trace' if traced else 'measure_step'} supports optimizers "
@@ -646,6 +711,15 @@ def _run_step(setup: StepSpec, *, device: torch.device, traced: bool, seed: int)
                 torch.cuda.synchronize(device)
                 allocator_peak = torch.cuda.max_memory_allocated(device) - start_allocated
                 allocator_reserved = torch.cuda.max_memory_reserved(device) - start_reserved
+            # FLOPs in one more step, after the bytes are recorded: a checkpoint that stops its
+            # recomputation early unwinds through the counter's frames, which keeps tensors
+            # alive a little longer than the step itself does.
+            if count_flops:
+                tracker.reset_mod_stats()
+                counter = _flop_counter()
+                with counter:
+                    flops = _PhaseFlops(counter)
+                    step(None, flops)
 
     breakdown = {p: _categories(phase_snaps[p], optimizer_states) for p in PHASES}
     saved = phase_snaps["forward:end"]["ACT"]
@@ -664,6 +738,8 @@ def _run_step(setup: StepSpec, *, device: torch.device, traced: bool, seed: int)
         saved_activations_bytes=saved,
         allocator_peak_bytes=int(allocator_peak) if cuda else None,
         allocator_reserved_bytes=int(allocator_reserved) if cuda else None,
+        flops=sum(flops.by_phase.values()) if count_flops else None,
+        flops_by_phase=dict(flops.by_phase) if count_flops else {},
     )
 
 
@@ -678,22 +754,33 @@ def measure_step(
     *,
     device=None,
     seed: int = 0,
+    count_flops: bool = False,
     **switches,
 ) -> StepMemory:
     """Bytes of a real training step on the device, by category, at its peak (chapter: 0).
 
     Takes a :class:`StepSpec`, or a config (or preset name) and the spec's switches:
     ``batch_size``, ``seq_len``, ``precision``, ``optimizer``, ``optimizer_impl``,
-    ``checkpointing``, ``grad_accum_steps``, ``attention``.
+    ``checkpointing``, ``grad_accum_steps``, ``attention``. ``count_flops=True`` also counts
+    the step's FLOPs with ``FlopCounterMode`` (in one more step, which costs its time).
     """
     spec = StepSpec.of(config_or_spec, **switches)
-    return _run_step(spec, device=pick_device(device), traced=False, seed=_check_seed(seed))
+    return _run_step(spec, device=pick_device(device), traced=False, seed=_check_seed(seed),
+                     count_flops=_check_flag("count_flops", count_flops))
 
 
-def trace_step(config_or_spec: StepSpec | ModelConfig | str, **switches) -> StepMemory:
-    """Bytes of a training step counted on fake tensors, without allocating it (chapter: 0).
+def trace_step(config_or_spec: StepSpec | ModelConfig | str, *, count_flops: bool = False,
+               **switches) -> StepMemory:
+    """Bytes of a training step counted on fake tensors, without allocating it (chapters: 0, 7).
 
     Takes what :func:`measure_step` takes, less ``device`` and ``seed``.
     """
     spec = StepSpec.of(config_or_spec, **switches)
-    return _run_step(spec, device=torch.device("cpu"), traced=True, seed=0)
+    return _run_step(spec, device=torch.device("cpu"), traced=True, seed=0,
+                     count_flops=_check_flag("count_flops", count_flops))
+
+
+def _check_flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise MemlabError(f"{name} must be True or False, got {value!r}")
+    return value

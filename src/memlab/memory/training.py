@@ -21,10 +21,11 @@ Tests hold this module to the traced step of :mod:`memlab.measure.step` (chapter
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from memlab.errors import MemlabError, check_choice, check_positive_int
-from memlab.measure.step import PHASES, StepSpec
+from memlab.measure.step import PHASES, StepSpec, checkpointing_words
+from memlab.model.checkpoint import Checkpointing, parse_checkpointing
 from memlab.model.flash import DEFAULT_BLOCK
 from memlab.model.transformer import ATTENTION_IMPLS, ModelConfig, get_config
 from memlab.units import to_unit
@@ -43,10 +44,14 @@ class SavedTensor:
     """One tensor kept alive for the backward pass: where it comes from and its bytes."""
 
     name: str
-    scope: str  # 'layer' (one per block), 'model' (once) or 'head'
+    # 'layer' (one per block), 'model' (once), 'head', 'lowest' (the lowest block gradients
+    # reach, fine-tuning) or 'blocks' (``copies`` of it: a checkpointing plan that treats the
+    # blocks differently)
+    scope: str
     shape: str  # symbolic shape, e.g. '(B, T, C)'
     dtype: str  # 'fp32', 'bf16', 'fp16', 'bool'
-    bytes: int  # for one block when scope == 'layer'
+    bytes: int  # for one block when scope == 'layer', for one copy when scope == 'blocks'
+    copies: int = 0  # scope 'blocks': how many blocks (or checkpointed units) keep it
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,7 @@ class MemoryEstimate:
         )
         if s["mode"] == "train":
             head += (f", {s['optimizer']} ({s['optimizer_impl']}), {s['attention']} attention"
-                     + (", checkpointing" if s["checkpointing"] else "")
+                     + checkpointing_words(s["checkpointing"])
                      + (f", {s['grad_accum_steps']} accumulation steps"
                         if s["grad_accum_steps"] > 1 else ""))
             if s.get("lora"):  # a fine-tuning set-up (chapter 5)
@@ -211,14 +216,18 @@ def _dt(nbytes: int) -> str:
 
 
 def saved_tensors(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: str = "fp32",
-                  checkpointing: bool = False, device: str = "cuda") -> list[SavedTensor]:
-    """Every tensor the book's model saves for backward, with its bytes (chapter: 1).
+                  checkpointing: bool | str | Checkpointing = False,
+                  device: str = "cuda") -> list[SavedTensor]:
+    """Every tensor the book's model saves for backward, with its bytes (chapters: 1, 7).
 
     Follows :class:`memlab.model.transformer.Transformer` line by line. ``precision`` decides the
     dtypes: in ``fp32`` everything is 4 bytes; in pure ``bf16`` the RMSNorm upcasts its input
     to fp32; under autocast (``*-mixed``) each Linear saves its own 16-bit copy of its input
-    and of its weight.
+    and of its weight. ``checkpointing`` is a plan of :mod:`memlab.model.checkpoint`: a
+    checkpointed unit keeps its input only; ``selective`` keeps q, k and v but nothing the
+    attention core makes.
     """
+    plan = parse_checkpointing(checkpointing)
     B, T, C, V = batch_size, seq_len, cfg.d_model, cfg.vocab_size
     hs = cfg.head_dim
     BT = B * T
@@ -236,17 +245,25 @@ def saved_tensors(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision:
     # (saved once); 16-bit attention casts them inside every block (saved per block);
     # checkpointing saves them once as block inputs.
     rope = cfg.style == "llama"
-    if rope and (checkpointing or cb == 4):
+    if rope and (plan.recomputes_blocks or cb == 4):
         add("RoPE cos and sin tables", "model", "2 x (T, hs/2)", "fp32", 2 * T * (hs // 2) * 4)
 
     if cfg.style == "gpt2":
         add("positions 0..T-1 (int64)", "model", "(T,)", "int64", T * 8)
-    if checkpointing:
+    make_block = _llama_block if cfg.style == "llama" else _gpt2_block
+    units = plan.units(cfg.n_layer)
+    kept_units = sum(1 for *_, c in units if c)
+    kept_blocks = sum(e - s for s, e, c in units if not c)
+    if plan.kind == "full":
         add("block input (kept by checkpointing)", "layer", "(B, T, C)", sdt, BT * C * sb)
-    elif cfg.style == "llama":
-        out += _llama_block(cfg, B, T, precision, device)
-    else:
-        out += _gpt2_block(cfg, B, T, precision, device)
+    elif plan.kind in ("none", "selective"):
+        out += make_block(cfg, B, T, precision, device, selective=plan.kind == "selective")
+    else:  # some units keep their input only, the other blocks keep everything
+        out.append(SavedTensor("unit input (kept by checkpointing)", "blocks", "(B, T, C)", sdt,
+                               BT * C * sb, kept_units))
+        if kept_blocks:
+            out += [replace(t, scope="blocks", copies=kept_blocks)
+                    for t in make_block(cfg, B, T, precision, device)]
 
     # The final norm, the head and the loss.
     if cfg.style == "llama":
@@ -307,8 +324,12 @@ def _layernorm(label, scope, BT, C, precision, consumer_linears, device):
     return out
 
 
-def _attention_core(cfg, B, T, precision, device, scope="layer"):
-    """q, k, v after RoPE and GQA repetition, and what the attention kernel keeps."""
+def _attention_core(cfg, B, T, precision, device, scope="layer", selective=False):
+    """q, k, v after RoPE and GQA repetition, and what the attention kernel keeps.
+
+    ``selective``: the core is recomputed in the backward pass, so only its inputs stay (k and
+    v before the GQA repetition, which happens inside the core).
+    """
     nh, hs, C = cfg.n_head, cfg.head_dim, cfg.d_model
     BT = B * T
     cb = COMPUTE_BYTES[precision]
@@ -318,11 +339,17 @@ def _attention_core(cfg, B, T, precision, device, scope="layer"):
     if cfg.style == "llama" and cb != 4:
         out.append(SavedTensor("RoPE cos and sin cast to 16 bits (for q and for k)", scope,
                                "4 x (T, hs/2)", half, 4 * T * (hs // 2) * 2))
-    if cfg.attention == "flash":  # the book's FlashAttention: k and v as they are, per KV head
-        nkv = cfg.kv_heads
+    nkv = cfg.kv_heads
+    if cfg.attention == "flash" or selective:  # k and v as they are, per KV head
         out.append(SavedTensor("q", scope, "(B, nh, T, hs)", cdt, BT * C * cb))
         for name in ("k", "v"):
             out.append(SavedTensor(name, scope, "(B, nkv, T, hs)", cdt, B * nkv * T * hs * cb))
+    if selective:  # the core's own tensors are made again in the backward pass
+        # o_proj keeps its input: the merged copy of the core's output, or the output itself
+        # where merging the heads is a view.
+        out.append(SavedTensor(O_PROJ_INPUT, scope, "(B, T, C)", cdt, BT * C * cb))
+        return out
+    if cfg.attention == "flash":  # the book's FlashAttention: k and v as they are, per KV head
         out.append(SavedTensor("attention output", scope, "(B, nh, T, hs)", cdt, BT * C * cb))
         out.append(SavedTensor("attention logsumexp", scope, "(B, nh, T)", "fp32", B * nh * T * 4))
         out.append(SavedTensor("attention output, heads merged (a copy)", scope, "(B, T, C)",
@@ -357,7 +384,7 @@ def _weight_casts(cfg, precision, scope="layer"):
                         "all of the block's weights", half, 2 * _linear_weight_numel(cfg))]
 
 
-def _llama_block(cfg, B, T, precision, device):
+def _llama_block(cfg, B, T, precision, device, selective=False):
     C, F = cfg.d_model, cfg.ffn_dim
     BT = B * T
     cb = COMPUTE_BYTES[precision]
@@ -366,7 +393,7 @@ def _llama_block(cfg, B, T, precision, device):
     # Weight casts first: in the backward walk they stay alive for the whole block.
     out = _weight_casts(cfg, precision)
     out += _rmsnorm("attention norm", "layer", BT, C, precision, consumer_linears=3)
-    out += _attention_core(cfg, B, T, precision, device)
+    out += _attention_core(cfg, B, T, precision, device, selective=selective)
     out += _rmsnorm("MLP norm", "layer", BT, C, precision, consumer_linears=2)
     out += [
         SavedTensor("gate projection", "layer", "(B, T, F)", cdt, BT * F * cb),
@@ -377,7 +404,7 @@ def _llama_block(cfg, B, T, precision, device):
     return out
 
 
-def _gpt2_block(cfg, B, T, precision, device):
+def _gpt2_block(cfg, B, T, precision, device, selective=False):
     C, F = cfg.d_model, cfg.ffn_dim
     BT = B * T
     cb = COMPUTE_BYTES[precision]
@@ -385,7 +412,7 @@ def _gpt2_block(cfg, B, T, precision, device):
     cdt = "fp32" if cb == 4 else half
     out = _weight_casts(cfg, precision)
     out += _layernorm("attention norm", "layer", BT, C, precision, 3, device)
-    out += _attention_core(cfg, B, T, precision, device)
+    out += _attention_core(cfg, B, T, precision, device, selective=selective)
     out += _layernorm("MLP norm", "layer", BT, C, precision, 1, device)
     out += [
         SavedTensor("MLP up projection (GELU input)", "layer", "(B, T, F)", cdt, BT * F * cb),
@@ -395,8 +422,12 @@ def _gpt2_block(cfg, B, T, precision, device):
 
 
 def activation_bytes(saved: list[SavedTensor], n_layer: int) -> int:
-    """Total bytes of a :func:`saved_tensors` list for a model of ``n_layer`` blocks (chapter: 1)."""
-    return sum(t.bytes * (n_layer if t.scope == "layer" else 1) for t in saved)
+    """Total bytes of a :func:`saved_tensors` list for a model of ``n_layer`` blocks (chapters: 1, 7)."""
+    return sum(t.bytes * _copies(t, n_layer) for t in saved)
+
+
+def _copies(t: SavedTensor, n_layer: int) -> int:
+    return n_layer if t.scope == "layer" else t.copies if t.scope == "blocks" else 1
 
 
 # The estimate ------------------------------------------------------------------------------
@@ -426,7 +457,7 @@ def estimate(
     optimizer: str = "adamw",
     optimizer_impl: str = "foreach",
     attention: str | None = None,
-    checkpointing: bool = False,
+    checkpointing: bool | str = False,
     grad_accum_steps: int = 1,
     mode: str = "train",
     new_tokens: int = 1,
@@ -451,7 +482,7 @@ def estimate(
         spec = model
     elif mode == "inference":
         cfg = _check_inference(model, batch_size, seq_len, precision, attention)
-        if checkpointing or grad_accum_steps != 1:
+        if parse_checkpointing(checkpointing) or grad_accum_steps != 1:
             raise MemlabError("checkpointing and grad_accum_steps are training switches; "
                               "mode 'inference' accepts precision, batch_size, seq_len, new_tokens")
         return _estimate_inference(cfg, batch_size, seq_len, precision, new_tokens)
@@ -542,7 +573,9 @@ def _block_param_grad_bytes(cfg: ModelConfig, precision: str) -> tuple[int, int]
 
 
 # Saved tensors whose consumer is a Linear back to width C (o_proj, down_proj).
-_LINEAR_INPUTS = {"silu(gate) * up", "GELU output", "attention output, heads merged (a copy)"}
+O_PROJ_INPUT = "attention output, heads merged (o_proj's input)"
+_LINEAR_INPUTS = {"silu(gate) * up", "GELU output", "attention output, heads merged (a copy)",
+                  O_PROJ_INPUT}
 _MLP_NAMES = {"gate projection", "silu(gate)", "up projection", "silu(gate) * up",
               "MLP up projection (GELU input)", "GELU output"}
 
@@ -595,23 +628,25 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
                      block: list[SavedTensor] | None = None, layers: int | None = None,
                      grads: BackwardGrads | None = None,
                      checkpoint_casts: int | None = None) -> tuple[int, int]:
-    """Activation-side bytes at the forward and the backward pass's highest points.
+    """Activation-side bytes at the forward and the backward pass's highest points (chapters: 1, 7).
 
     Forward: everything saved, plus the logits (and their fp32 copy) while the loss is
-    computed; under autocast with checkpointing the weight-cast cache of every block also
-    lives until autocast exits; eager attention adds the masked scores beside the softmax.
+    computed; under autocast, the weight-cast cache of every checkpointed block also lives
+    until autocast exits; eager attention adds the masked scores beside the softmax.
 
     Backward: walking the saved tensors in reverse, each one's backward holds about twice its
     size in gradients (the gradient of its output and of its input) while the tensors saved
     before it, the gradients finished so far and the gradient of the block's output are
-    alive. Checkpointing recomputes one block's tensors at a time.
+    alive. A checkpointed unit is recomputed whole when its backward starts: its blocks below
+    the one walked are alive in full. ``checkpointing`` is a plan of
+    :mod:`memlab.model.checkpoint` (False and True for none and full).
     """
+    plan = parse_checkpointing(checkpointing)
     V, C = cfg.vocab_size, cfg.d_model
     BT = B * T
     L = cfg.n_layer if layers is None else layers  # the blocks that save tensors
     cb, sb = COMPUTE_BYTES[precision], PARAM_BYTES[precision]
     model_level = sum(t.bytes for t in saved if t.scope == "model")
-    stored_block = [t for t in saved if t.scope == "layer"]
     # Scope 'lowest': the lowest block gradients reach, when it saves less than the others
     # (fine-tuning: no gradient flows into a frozen embedding).
     lowest = [t for t in saved if t.scope == "lowest"]
@@ -621,17 +656,30 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
         block = (_llama_block if cfg.style == "llama" else _gpt2_block)(cfg, B, T, precision,
                                                                          device)
     block_bytes = sum(t.bytes for t in block)
-    lowest_bytes = sum(t.bytes for t in lowest) if lowest else block_bytes
+    units = plan.units(L)
+    x_in = BT * C * sb  # a checkpointed unit's input: the residual stream
+    # What a block that is not recomputed keeps: the whole block, or selective's list.
+    kept = block_bytes if plan.kind != "selective" else sum(
+        t.bytes for t in saved if t.scope == "layer")
+    kept_first = sum(t.bytes for t in lowest) if lowest else kept
 
-    def blocks_below(layer: int) -> int:  # bytes saved by the blocks under ``layer``
-        return 0 if layer <= 0 else lowest_bytes + (layer - 1) * block_bytes
+    # Bytes saved under each block when its backward runs (its own unit's input included), and
+    # whether the block is recomputed; ``fwd_below``: the same in the forward pass.
+    below, fwd_below, recomputed = [0] * L, [0] * L, [False] * L
+    acc = 0
+    for s, e, ckpt in units:
+        for layer in range(s, e):
+            recomputed[layer] = ckpt
+            below[layer] = acc + (x_in + (layer - s) * block_bytes if ckpt else 0)
+            fwd_below[layer] = acc + (x_in if ckpt else 0)
+        acc += x_in if ckpt else (kept_first + (e - s - 1) * kept if s == 0 else (e - s) * kept)
 
     # Forward.
     logits_live = BT * V * cb + (BT * V * 4 if cb != 4 else 0)
     fwd = A + logits_live
-    if checkpointing and precision.endswith("-mixed"):
-        fwd += (L * 2 * _linear_weight_numel(cfg) if checkpoint_casts is None
-                else checkpoint_casts)
+    if plan.recomputes_blocks and precision.endswith("-mixed"):
+        fwd += (plan.checkpointed_blocks(L) * 2 * _linear_weight_numel(cfg)
+                if checkpoint_casts is None else checkpoint_casts)
     softmax_at = None  # (bytes of the block saved up to its softmax, bytes of the scores)
     if cfg.attention == "eager":
         before = 0
@@ -640,11 +688,9 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
             if t.name == "softmax probabilities":
                 softmax_at = (before, B * cfg.n_head * T * T * cb)
                 break
-    stored = sum(t.bytes for t in stored_block)
     if softmax_at is not None:
         # The last block's softmax, with its masked-scores input alive beside it.
-        below = L * stored if checkpointing else blocks_below(L - 1)
-        fwd = max(fwd, model_level + below + softmax_at[0] + softmax_at[1])
+        fwd = max(fwd, model_level + fwd_below[L - 1] + softmax_at[0] + softmax_at[1])
 
     # Backward.
     bwd = A + 2 * BT * V * 4  # start: the fp32 gradients of log-softmax's output and input
@@ -654,15 +700,17 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
                               grads_done_in_block(cfg, precision))
     G_block, G_head, in_block, fresh_grad = grads.block, grads.head, grads.in_block, grads.largest
     dx = BT * C * sb  # gradient of the residual stream
-    for layer in (L - 1, 0):  # the walk is linear in the layer index: its ends bound it
+    # The walk is linear in the layer index inside a run of like blocks: its ends bound it.
+    walked = sorted({layer for s, e, _ in units for layer in (s, e - 1)} | {0, L - 1})
+    for layer in walked:
         # Accumulated gradients are added into .grad in place (counted in the base): only the
         # largest new weight gradient is alive at a time.
         done = fresh_grad if accumulating else G_head + (L - 1 - layer) * G_block
-        below = (layer + 1) * stored if checkpointing else blocks_below(layer)
-        if checkpointing and softmax_at is not None:  # the recomputed forward's softmax
-            bwd = max(bwd, model_level + below + softmax_at[0] + softmax_at[1] + done + dx)
+        if softmax_at is not None and (recomputed[layer] or plan.kind == "selective"):
+            # the recomputed forward's softmax
+            bwd = max(bwd, model_level + below[layer] + softmax_at[0] + softmax_at[1] + done + dx)
         prefix = 0
-        for t in (lowest if lowest and layer == 0 and not checkpointing else block):
+        for t in (lowest if lowest and layer == 0 and not recomputed[layer] else block):
             stage = _stage(t)
             if stage == "casts":  # freed one Linear at a time: counted per stage below
                 continue
@@ -680,8 +728,8 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
             elif t.name == "up projection":
                 # The product's backward returns the gradients of both factors at once.
                 consumer_grad = 2 * t.bytes
-            alive = (model_level + below + prefix + casts_alive + done + grads_done + dx + d_out
-                     + t.bytes + consumer_grad)
+            alive = (model_level + below[layer] + prefix + casts_alive + done + grads_done + dx
+                     + d_out + t.bytes + consumer_grad)
             bwd = max(bwd, alive)
     return fwd, bwd
 

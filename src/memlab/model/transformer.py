@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from memlab.errors import MemlabError, check_choice
+from memlab.model.checkpoint import Checkpointing, parse_checkpointing
 from memlab.model.flash import flash_attention
 
 ATTENTION_IMPLS = ("sdpa", "eager", "flash")
@@ -396,6 +397,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(C, cfg.kv_heads * hs, bias=bias)
         self.v_proj = nn.Linear(C, cfg.kv_heads * hs, bias=bias)
         self.o_proj = nn.Linear(cfg.n_head * hs, C, bias=bias)
+        self.recompute_core = False  # selective checkpointing (set by the model's plan)
 
     def forward(self, x, rope=None, cache=None, layer=0):
         cfg = self.cfg
@@ -414,27 +416,40 @@ class Attention(nn.Module):
             cache.v[layer][:, :, pos : pos + T] = v
             k = cache.k[layer][:, :, : pos + T]  # (B, nkv, S, hs), S = pos + T; a view
             v = cache.v[layer][:, :, : pos + T]
-        S = k.size(2)  # keys: S = T without a cache
-        if cfg.attention == "flash":  # the T queries are the last T of the S positions
-            y = flash_attention(q, k, v, causal=True)  # (B, nh, T, hs); k, v not repeated
-            return self.o_proj(y.transpose(1, 2).reshape(B, T, nh * hs))
+        if self.recompute_core and cache is None and torch.is_grad_enabled():
+            # Selective checkpointing: keep q, k and v, recompute the core in the backward pass.
+            y = checkpoint(self.core, q, k, v, use_reentrant=False)
+        else:
+            y = self.core(q, k, v, pos)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, C)
+        return self.o_proj(y)
+
+    def core(self, q, k, v, pos: int = 0):
+        """The attention core: scores, softmax and the weighted values, (B, nh, T, hs) (chapters: 1, 7).
+
+        q is (B, nh, T, hs); k and v are (B, nkv, S, hs), the T queries being the last T of the
+        S positions. What selective checkpointing recomputes (Korthikanti et al. 2022).
+        """
+        cfg = self.cfg
+        nh, nkv, hs = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        T, S = q.size(2), k.size(2)  # keys: S = T without a cache
+        if cfg.attention == "flash":
+            return flash_attention(q, k, v, causal=True)  # (B, nh, T, hs); k, v not repeated
         if nkv != nh:  # GQA: each key/value head serves nh/nkv query heads
             k = k.repeat_interleave(nh // nkv, dim=1)  # (B, nh, S, hs)
             v = v.repeat_interleave(nh // nkv, dim=1)
         if cfg.attention == "sdpa" and pos == 0:  # no cache, or a prompt into an empty one
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)  # (B, nh, T, hs)
-        elif cfg.attention == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)  # (B, nh, T, hs)
+        if cfg.attention == "sdpa":
             # Query i sits at position pos + i: it sees keys 0..pos+i. One new token sees all.
-            mask = None if T == 1 else torch.ones(T, S, dtype=torch.bool, device=x.device).tril(pos)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, hs)
-        else:  # eager: materialises the (T, S) scores and keeps the softmax for backward
-            future = torch.ones(T, S, dtype=torch.bool, device=x.device).triu(pos + 1)  # (T, S)
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
-            att = att.masked_fill(future, float("-inf"))
-            att = att.softmax(dim=-1)  # kept for backward: the s^2 term of eager attention
-            y = att @ v  # (B, nh, T, hs)
-        y = y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, C)
-        return self.o_proj(y)
+            mask = None if T == 1 else torch.ones(T, S, dtype=torch.bool, device=q.device).tril(pos)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, hs)
+        # eager: materialises the (T, S) scores and keeps the softmax for backward
+        future = torch.ones(T, S, dtype=torch.bool, device=q.device).triu(pos + 1)  # (T, S)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
+        att = att.masked_fill(future, float("-inf"))
+        att = att.softmax(dim=-1)  # kept for backward: the s^2 term of eager attention
+        return att @ v  # (B, nh, T, hs)
 
 
 class MLP(nn.Module):
@@ -493,8 +508,20 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tied:
             self.lm_head.weight = self.tok_emb.weight
-        # Full activation checkpointing: keep only each block's input, recompute the rest.
-        self.gradient_checkpointing = False
+        # Activation checkpointing (memlab.model.checkpoint): which blocks keep only their input.
+        self.checkpointing = Checkpointing("none")
+
+    def set_checkpointing(self, plan) -> Checkpointing:
+        """Turn on a checkpointing plan: False/True, 'selective', 'every-K', 'segments-K' (chapters: 1, 7)."""
+        self.checkpointing = parse_checkpointing(plan)
+        for block in self.blocks:
+            block.attn.recompute_core = self.checkpointing.kind == "selective"
+        return self.checkpointing
+
+    def _blocks(self, x, rope, start: int, end: int):
+        for block in self.blocks[start:end]:
+            x = block(x, rope)
+        return x
 
     def forward(self, idx, kv_cache: KVCache | None = None, *, last_only: bool = False):
         """Logits (B, T, V) for token ids (B, T); with ``kv_cache``, at positions pos..pos+T-1.
@@ -515,10 +542,14 @@ class Transformer(nn.Module):
         else:
             rope = rope_cache(T, self.cfg.head_dim, self.cfg.rope_theta, device=idx.device,
                               start=pos)
-        for i, block in enumerate(self.blocks):
-            if self.gradient_checkpointing and torch.is_grad_enabled() and kv_cache is None:
-                x = checkpoint(block, x, rope, use_reentrant=False)
-            else:
+        if self.checkpointing.recomputes_blocks and torch.is_grad_enabled() and kv_cache is None:
+            for start, end, kept in self.checkpointing.units(len(self.blocks)):
+                if kept:  # keep only the unit's input; its forward runs again in the backward
+                    x = checkpoint(self._blocks, x, rope, start, end, use_reentrant=False)
+                else:
+                    x = self._blocks(x, rope, start, end)
+        else:
+            for i, block in enumerate(self.blocks):
                 x = block(x, rope, kv_cache, i)
         if kv_cache is not None:
             kv_cache.pos = pos + T
@@ -554,13 +585,15 @@ def build_model(
     device=None,
     dtype=None,
     seed: int | None = 0,
-    checkpointing: bool = False,
+    checkpointing: bool | str = False,
 ) -> Transformer:
     """Build a :class:`Transformer` from a config or preset name (chapter: all).
 
     ``device="meta"`` builds it without allocating any weights; ``checkpointing=True``
-    turns on full activation checkpointing (one saved input per block).
+    turns on full activation checkpointing (one saved input per block), and a plan name
+    ('selective', 'every-K', 'segments-K', :mod:`memlab.model.checkpoint`) another plan.
     """
+    plan = parse_checkpointing(checkpointing)
     if isinstance(cfg, str):
         cfg = get_config(cfg)
     if seed is not None and str(device) != "meta":
@@ -571,7 +604,7 @@ def build_model(
         if not isinstance(dtype, torch.dtype):
             raise MemlabError(f"dtype must be a torch.dtype such as torch.bfloat16, got {dtype!r}")
         model = model.to(dtype)
-    model.gradient_checkpointing = checkpointing
+    model.set_checkpointing(plan)
     return model
 
 

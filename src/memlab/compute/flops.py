@@ -1,0 +1,166 @@
+"""FLOPs of a training step, from the config: the count PyTorch's counter makes, term by term (chapter 7).
+
+``torch.utils.flop_counter.FlopCounterMode`` counts matrix multiplies and attention, nothing
+elementwise. :func:`step_flops` writes that count down from the shapes, so it can be set beside
+the counter (:func:`memlab.measure.step.trace_step` reports ``flops``) and beside the two
+formulas the literature uses:
+
+* ``6ND`` (Kaplan et al. 2020): 2 FLOPs per parameter per token forward, 4 backward, where N
+  counts the parameters a token multiplies (:func:`matmul_parameters`) and D the tokens;
+* the fuller count with attention, ``(6N + 12 L C T) D`` (PaLM, Chowdhery et al. 2022, appendix
+  B; C = heads x head size): the scores and the weighted values, 4 B T^2 C FLOPs per layer in
+  the forward pass, counted for the full T x T square as the counter and the papers do.
+
+Recomputation under activation checkpointing (:mod:`memlab.model.checkpoint`) adds forward work
+inside the backward pass. PyTorch's non-reentrant checkpoint stops a recomputation early by
+default: once every tensor the backward needs is back, it stops, so the last operation of a
+checkpointed unit whose saved tensors are all its inputs (the block's closing ``down_proj``, or
+eager attention's ``att @ v``) is never run again. ``early_stop=False`` counts the whole
+forward again, the textbook "one extra forward".
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+
+from memlab.errors import MemlabError, check_positive_int
+from memlab.measure.step import StepSpec
+from memlab.model.checkpoint import parse_checkpointing
+from memlab.model.transformer import ModelConfig, get_config
+
+# Backward FLOPs over forward FLOPs of one attention core, as torch's formulas count them: a
+# matmul's backward is two matmuls; the SDPA kernels' backward also recomputes the scores
+# (torch.utils.flop_counter.sdpa_backward_flop_count: 5 matmuls of the forward's 2).
+ATTENTION_BACKWARD = {"sdpa": 2.5, "eager": 2.0}
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs of one training step by phase and by term, as FlopCounterMode counts them (chapter: 7)."""
+
+    forward: int  # the forward pass of every micro-batch
+    backward: int  # gradients, plus any forward recomputed by checkpointing
+    recompute: int  # the part of ``backward`` that is forward work done again
+    linear_forward: int  # the blocks' and the head's matrix multiplies, forward
+    attention_forward: int  # scores and weighted values, forward
+    tokens: int  # tokens per step (micro-batches included)
+    setup: dict
+
+    @property
+    def total(self) -> int:
+        """Forward plus backward FLOPs; the optimizer's elementwise work is not counted (chapter: 7)."""
+        return self.forward + self.backward
+
+    @property
+    def recompute_share(self) -> float:
+        """Recomputed FLOPs over the step's FLOPs without them (chapter: 7)."""
+        return self.recompute / (self.total - self.recompute)
+
+    def as_dict(self) -> dict:
+        """The fields and the total as a plain dict (chapter: 7)."""
+        return asdict(self) | {"total": self.total}
+
+
+def matmul_parameters(cfg: ModelConfig | str) -> int:
+    """Parameters a token multiplies: every Linear weight of the blocks and the head (chapter: 7).
+
+    Leaves out the embedding lookups (no multiply), the norms and the biases, which
+    FlopCounterMode does not count; a tied head counts once, as a multiply.
+    """
+    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+    C, hs, F = cfg.d_model, cfg.head_dim, cfg.ffn_dim
+    attn = C * cfg.n_head * hs + 2 * C * cfg.kv_heads * hs + cfg.n_head * hs * C
+    mlp = (2 if cfg.style == "gpt2" else 3) * C * F
+    return cfg.n_layer * (attn + mlp) + C * cfg.vocab_size
+
+
+def _check_attention(cfg: ModelConfig) -> None:
+    if cfg.attention not in ATTENTION_BACKWARD:
+        raise MemlabError(f"step_flops counts attention {', '.join(ATTENTION_BACKWARD)}; got "
+                          f"{cfg.attention!r} (the book's FlashAttention skips masked tiles: "
+                          "count it with the counter, trace_step(...).flops)")
+
+
+def step_flops(config_or_spec: StepSpec | ModelConfig | str, *, early_stop: bool = True,
+               **switches) -> StepFlops:
+    """FLOPs of a training step as PyTorch's counter counts them, from the shapes (chapter: 7).
+
+    Takes what :func:`memlab.measure.step.trace_step` takes (a StepSpec, or a config and
+    ``batch_size``, ``seq_len``, ``checkpointing``, ``grad_accum_steps``, ``attention`` ...).
+    """
+    spec = StepSpec.of(config_or_spec, **switches)
+    cfg = spec.config
+    _check_attention(cfg)
+    if not isinstance(early_stop, bool):
+        raise MemlabError(f"early_stop must be True or False, got {early_stop!r}")
+    plan = parse_checkpointing(spec.checkpointing)
+    B, T, L, C, F = spec.batch_size, spec.seq_len, cfg.n_layer, cfg.d_model, cfg.ffn_dim
+    BT = B * T
+    head = 2 * BT * C * cfg.vocab_size
+    block_linear = 2 * BT * (matmul_parameters(cfg) - C * cfg.vocab_size) // L
+    scores = 2 * B * cfg.n_head * T * T * cfg.head_dim  # q @ k^T; att @ v is the same
+    attention = 2 * scores
+    forward = L * (block_linear + attention) + head
+    backward = L * (2 * block_linear + ATTENTION_BACKWARD[cfg.attention] * attention) + 2 * head
+    # Forward work done again in the backward pass.
+    last_linear = 2 * BT * F * C  # down_proj: never run again when the recomputation stops early
+    recompute = 0
+    if plan.recomputes_blocks:
+        units = [u for u in plan.units(L) if u[2]]
+        recompute = sum((e - s) * (block_linear + attention) for s, e, _ in units)
+        if early_stop:
+            recompute -= len(units) * last_linear
+    elif plan.kind == "selective":
+        # SDPA saves its outputs, so it runs again; eager's att @ v saves only its inputs.
+        recompute = L * (scores if cfg.attention == "eager" and early_stop else attention)
+    k = spec.grad_accum_steps
+    return StepFlops(forward=int(k * forward), backward=int(k * (backward + recompute)),
+                     recompute=int(k * recompute), linear_forward=int(k * (L * block_linear + head)),
+                     attention_forward=int(k * L * attention), tokens=k * BT,
+                     setup=spec.as_dict() | {"early_stop": early_stop})
+
+
+def six_nd(parameters: int, tokens: int) -> int:
+    """Training FLOPs by the 6ND rule: 6 x parameters x tokens (chapter: 7)."""
+    check_positive_int("parameters", parameters)
+    check_positive_int("tokens", tokens)
+    return 6 * parameters * tokens
+
+
+def palm_flops(cfg: ModelConfig | str, tokens: int, seq_len: int) -> int:
+    """Training FLOPs with attention, (6N + 12 L C T) D, PaLM's appendix B (chapter: 7).
+
+    N is :func:`matmul_parameters`, C = heads x head size, T the sequence length, D the tokens.
+    """
+    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+    check_positive_int("tokens", tokens)
+    check_positive_int("seq_len", seq_len)
+    per_token = 6 * matmul_parameters(cfg) + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len
+    return per_token * tokens
+
+
+def attention_share(cfg: ModelConfig | str, seq_len: int) -> float:
+    """The attention term's share of PaLM's count, 12LCT / (6N + 12LCT): what 6ND leaves out (chapter: 7)."""
+    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+    att = 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * seq_len
+    return att / (6 * matmul_parameters(cfg) + att)
+
+
+def counted_flops(config_or_spec: StepSpec | ModelConfig | str, *, early_stop: bool = True,
+                  **switches) -> dict[str, int]:
+    """FLOPs of a traced step by phase, from FlopCounterMode on fake tensors (chapter: 7).
+
+    ``early_stop=False`` turns off the early stop of PyTorch's checkpoint for the step
+    (``torch.utils.checkpoint.set_checkpoint_early_stop``).
+    """
+    from torch.utils.checkpoint import set_checkpoint_early_stop
+
+    from memlab.measure.step import trace_step
+
+    if not isinstance(early_stop, bool):
+        raise MemlabError(f"early_stop must be True or False, got {early_stop!r}")
+    spec = StepSpec.of(config_or_spec, **switches)
+    with set_checkpoint_early_stop(early_stop) if not early_stop else contextlib.nullcontext():
+        traced = trace_step(spec, count_flops=True)
+    return dict(traced.flops_by_phase) | {"total": traced.flops}
