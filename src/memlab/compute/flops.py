@@ -128,6 +128,13 @@ def six_nd(parameters: int, tokens: int) -> int:
     return 6 * parameters * tokens
 
 
+def rule_flops(parameters: int, tokens: int, *, recompute: bool = False) -> int:
+    """6ND, or 8ND with one extra forward for full recomputation: the rules of thumb (chapter: 7)."""
+    if not isinstance(recompute, bool):
+        raise MemlabError(f"recompute must be True or False, got {recompute!r}")
+    return six_nd(parameters, tokens) // 6 * (8 if recompute else 6)
+
+
 def palm_flops(cfg: ModelConfig | str, tokens: int, seq_len: int) -> int:
     """Training FLOPs with attention, (6N + 12 L C T) D, PaLM's appendix B (chapter: 7).
 

@@ -537,21 +537,23 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(old)
 
 
-def _make_optimizer(setup: StepSpec, params) -> torch.optim.Optimizer:
-    lr = 1e-4 if setup.optimizer in ("adamw", "adam") else 1e-3
+def step_optimizer(setup: StepSpec, params) -> torch.optim.Optimizer:
+    """The optimizer a step of ``setup`` runs, at the book's learning rate for it (chapters: 0, 7)."""
+    lr = 1e-4 if setup.optimizer in ("adamw", "adam", "adamw-8bit") else 1e-3
     return make_optimizer(setup.optimizer, params, lr=lr, impl=setup.optimizer_impl)
 
 
 @contextlib.contextmanager
-def _autocast(setup: StepSpec, device: torch.device) -> Iterator[None]:
-    dtype = _AUTOCAST_DTYPE.get(setup.precision)
+def step_autocast(precision: str, device: torch.device) -> Iterator[None]:
+    """Autocast as a step of ``precision`` runs its forward on ``device``; refused where torch lacks it (chapters: 0, 7)."""
+    dtype = autocast_dtype(precision)
     if dtype is None:
         yield
         return
     with torch.autocast(device_type=device.type, dtype=dtype):
         if not torch.is_autocast_enabled(device.type):
             raise MemlabError(
-                f"precision {setup.precision!r} needs autocast to {dtype} on {device.type}, which "
+                f"precision {precision!r} needs autocast to {dtype} on {device.type}, which "
                 f"torch {torch.__version__} does not support there; accepted: bf16-mixed, bf16, fp32"
             )
         yield
@@ -582,7 +584,7 @@ def _iteration(setup, device, model, optimizer, idx, targets, tracker, phase_sna
     for micro in range(setup.grad_accum_steps):
         if micro:
             tracker.reset_mod_stats()  # MemTracker refuses a second forward otherwise
-        with _autocast(setup, device):
+        with step_autocast(setup.precision, device):
             loss = lm_loss(model(idx), targets)  # the logits die inside lm_loss, as in training
         phase_done("forward")
         loss.backward()
@@ -686,7 +688,7 @@ def _run_step(setup: StepSpec, *, device: torch.device, traced: bool, seed: int,
                                       "tensors cannot stand in for (bitsandbytes' quantized "
                                       "weights): measure the step on real tensors instead "
                                       "(measure_step)") from None
-        optimizer = _make_optimizer(setup, [p for p in model.parameters() if p.requires_grad])
+        optimizer = step_optimizer(setup, [p for p in model.parameters() if p.requires_grad])
         gen = torch.Generator().manual_seed(seed)
         tokens = torch.randint(0, cfg.vocab_size, (2, setup.batch_size, setup.seq_len),
                                generator=gen).to(device)
