@@ -22,12 +22,12 @@ from memlab.results import load_record, make_record, save_record, writable_type
 # Cheap at ci scale on a 2-core CPU (seconds): run end to end through the CLI.
 CHEAP = ("step-memory", "trace-7b", "load-memory", "fp8-matmul", "quant-speed",
          "attention-flops", "attention-time", "finetune-fit", "finetune-context",
-         "finetune-flops", "finetune-20b")
+         "finetune-flops", "finetune-20b", "accumulation", "offload", "step-mfu")
 # Minutes or tens of seconds: run end to end too, but marked slow.
 COSTLY = ("estimator-accuracy", "mixed-precision", "quantization", "attention-memory",
           "attention-step", "gqa", "fusion-block", "finetune-compare", "finetune-lr",
           "finetune-reference", "distributed-memory", "distributed-parallel",
-          "distributed-traced", "distributed-accelerate")
+          "distributed-traced", "distributed-accelerate", "checkpointing-costs", "scaling-grid")
 # Needs a package outside the book's requirements: run only where it is installed.
 OPTIONAL = {"distributed-deepspeed": "deepspeed"}
 
@@ -40,7 +40,9 @@ def example(tp, depth: int = 0):
     if origin is list:
         return [example(args[0], depth + 1)] if args else [1]
     if origin is tuple:
-        return tuple(example(a, depth + 1) for a in args if a is not Ellipsis)
+        if Ellipsis in args:  # a variable-length tuple: two items, as a grid needs at least two
+            return tuple(example(args[0], depth + 1) for _ in range(2))
+        return tuple(example(a, depth + 1) for a in args)
     if origin is dict:
         return {"a": example(args[1], depth + 1)} if args else {"a": 1}
     if origin is typing.Literal:

@@ -31,6 +31,7 @@ PARTS = (
     Part("attention", "chapters/04_attention", "lab04", "Attention"),
     Part("finetune", "chapters/05_finetuning", "lab05", "Fine-tuning with less memory"),
     Part("distributed", "chapters/06_distributed", "lab06", "Many devices"),
+    Part("compute", "chapters/07_compute_for_memory", "lab07", "Trading compute for memory"),
 )
 
 

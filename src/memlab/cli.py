@@ -38,7 +38,7 @@ def _build_parser() -> argparse.ArgumentParser:
     from memlab.experiments import experiments
 
     p = _Parser(prog="memlab", description="Measure the memory of LLM training steps.")
-    sub = p.add_subparsers(dest="command", metavar="{env,list,run,estimate,trace,bits}",
+    sub = p.add_subparsers(dest="command", metavar="{env,list,run,estimate,trace,plan,bits}",
                            parser_class=_Parser)
     sub.add_parser("env", help="print the device, versions and scale")
     sub.add_parser("list", help="list the experiments")
@@ -50,8 +50,59 @@ def _build_parser() -> argparse.ArgumentParser:
     for name, helptext in (("estimate", "estimate a step's memory from formulas"),
                            ("trace", "count a step's memory under FakeTensorMode")):
         _step_options(sub.add_parser(name, help=helptext), estimate=name == "estimate")
+    _plan_options(sub.add_parser("plan", help="list the training set-ups that fit a GPU, "
+                                              "cheapest first"))
     _bits_options(sub.add_parser("bits", help="show the bits and stored value of a number"))
     return p
+
+
+def _plan_options(p: argparse.ArgumentParser) -> None:
+    from memlab.gpus import GPU_NAMES
+
+    p.add_argument("--model", required=True, help="a preset or a path to a Hugging Face config.json")
+    p.add_argument("--gpu", required=True, help=f"one of: {', '.join(GPU_NAMES)} (any case)")
+    p.add_argument("--global-batch", type=int, required=True,
+                   help="sequences per optimizer step, over all GPUs")
+    p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--trains", default="full,lora,qlora",
+                   help="comma-separated: full, lora, qlora (default: all three)")
+    p.add_argument("--gpus", default=None,
+                   help="comma-separated GPU counts to try (default: powers of two up to 1024)")
+    p.add_argument("--mfu", type=float, default=0.4,
+                   help="assumed model FLOPs utilisation for the time estimate (default 0.4)")
+    p.add_argument("--host-link", default="pcie4-x16",
+                   help="the GPU-host link offload uses: pcie4-x16 (default), pcie5-x16, nvlink-c2c")
+    p.add_argument("--limit", type=int, default=15, help="rows to print (default 15; 0: all)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _int_list(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        values = ()
+    if not values or any(v <= 0 for v in values):
+        raise MemlabError(f"{flag} must be comma-separated positive integers, got {text!r}")
+    return values
+
+
+def _cmd_plan(args) -> int:
+    """``memlab plan``: every set-up that fits the GPU, cheapest first."""
+    from memlab.compute.plan import GPU_COUNTS, plan_training
+    from memlab.model.transformer import get_config
+
+    trains = tuple(t.strip() for t in args.trains.split(",") if t.strip())
+    counts = GPU_COUNTS if args.gpus is None else _int_list("--gpus", args.gpus)
+    if isinstance(args.limit, int) and args.limit < 0:
+        raise MemlabError(f"--limit must be 0 (all) or a positive number of rows, got {args.limit}")
+    plan = plan_training(get_config(args.model), args.gpu, global_batch=args.global_batch,
+                         seq_len=args.seq_len, trains=trains, gpu_counts=counts, mfu=args.mfu,
+                         host_link_name=args.host_link)
+    if args.json:
+        print(json.dumps(plan.as_dict()))
+    else:
+        print(plan.table(limit=args.limit or None))
+    return 0
 
 
 # Any float literal, so that ``memlab bits -1.5e-3`` or ``-inf`` is a value, not an option.
@@ -388,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_run(args, argv)
         if args.command in ("estimate", "trace"):
             return _cmd_step(args, args.command)
+        if args.command == "plan":
+            return _cmd_plan(args)
         if args.command == "bits":
             return _cmd_bits(args)
         _build_parser().print_help()

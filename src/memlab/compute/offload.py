@@ -51,7 +51,7 @@ import torch
 
 from memlab.compute.flops import rule_flops
 from memlab.device import device_name, pick_device
-from memlab.distributed.commtime import Link
+from memlab.distributed.commtime import HOST_LINK_NAMES, LINKS, Link
 from memlab.distributed.estimate import LAYOUT_OF, estimate_sharded
 from memlab.distributed.zero import LAYOUTS, OFFLOADS, check_gpus, check_offload, check_stage
 from memlab.errors import MemlabError, check_choice, check_positive_int, require
@@ -62,21 +62,8 @@ from memlab.model.train import make_optimizer
 from memlab.model.transformer import ModelConfig, build_model, get_config, lm_loss
 from memlab.units import to_unit
 
-# Host links, one-way bytes/s (quoted; each datasheet gives both directions together).
-HOST_LINKS: dict[str, Link] = {
-    # NVIDIA A100 datasheet, interconnect row: "PCIe Gen4: 64 GB/s" (x16, both directions).
-    "pcie4-x16": Link("pcie4-x16", 32e9, "gpu", "PCIe Gen4: 64 GB/s (both directions)",
-                      "https://www.nvidia.com/en-us/data-center/a100/"),
-    # NVIDIA H100 datasheet (SXM), interconnect row: "PCIe Gen5: 128 GB/s" (both directions).
-    "pcie5-x16": Link("pcie5-x16", 64e9, "gpu", "PCIe Gen5: 128 GB/s (both directions)",
-                      "https://www.nvidia.com/en-us/data-center/h100/"),
-    # NVIDIA's Grace Hopper architecture article: NVLink-C2C joins the Grace CPU and the Hopper
-    # GPU with 900 GB/s of total bandwidth, 450 GB/s each way.
-    "nvlink-c2c": Link("nvlink-c2c", 450e9, "gpu",
-                       "NVLink-C2C: 900 GB/s total, Grace CPU to Hopper GPU (both directions)",
-                       "https://developer.nvidia.com/blog/"
-                       "nvidia-grace-hopper-superchip-architecture-in-depth/"),
-}
+# Host links, one-way bytes/s (quoted, in memlab.distributed.commtime.LINKS with their sources).
+HOST_LINKS: dict[str, Link] = {name: LINKS[name] for name in HOST_LINK_NAMES}
 ZERO_OFFLOAD_SOURCE = "https://arxiv.org/abs/2101.06840"  # Ren et al. 2021, section 4.1
 ZERO_INFINITY_SOURCE = "https://arxiv.org/abs/2104.07857"  # Rajbhandari et al. 2021, sections 4, 6
 # The ZeRO stage each offload runs at by default. ZeRO-Offload on one GPU is stage 2 with N = 1

@@ -52,7 +52,21 @@ LINKS: dict[str, Link] = {
     "fsdp-paper-roce": Link("fsdp-paper-roce", 2e12 / 8, "node",
                             "2 Tb/s RoCE per node of 8 A100 80GB",
                             "https://arxiv.org/abs/2304.11277"),
+    # GPU-host links (chapter 7's offload), each datasheet's figure for both directions halved.
+    # NVIDIA A100 datasheet, interconnect row: "PCIe Gen4: 64 GB/s" (x16, both directions).
+    "pcie4-x16": Link("pcie4-x16", 32e9, "gpu", "PCIe Gen4: 64 GB/s (both directions)",
+                      "https://www.nvidia.com/en-us/data-center/a100/"),
+    # NVIDIA H100 datasheet (SXM), interconnect row: "PCIe Gen5: 128 GB/s" (both directions).
+    "pcie5-x16": Link("pcie5-x16", 64e9, "gpu", "PCIe Gen5: 128 GB/s (both directions)",
+                      "https://www.nvidia.com/en-us/data-center/h100/"),
+    # NVIDIA's Grace Hopper architecture article: NVLink-C2C joins the Grace CPU and the Hopper
+    # GPU with 900 GB/s of total bandwidth, 450 GB/s each way.
+    "nvlink-c2c": Link("nvlink-c2c", 450e9, "gpu",
+                       "NVLink-C2C: 900 GB/s total, Grace CPU to Hopper GPU (both directions)",
+                       "https://developer.nvidia.com/blog/"
+                       "nvidia-grace-hopper-superchip-architecture-in-depth/"),
 }
+HOST_LINK_NAMES = ("pcie4-x16", "pcie5-x16", "nvlink-c2c")  # the links between a GPU and its host
 FSDP_PAPER_GPUS_PER_NODE = 8  # Zhao et al. 2023, section 5.1 (quoted)
 A100_BF16_PEAK_FLOPS = 312e12  # dense bf16 tensor-core peak, A100 datasheet (memlab.gpus)
 

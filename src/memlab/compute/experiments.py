@@ -1,0 +1,152 @@
+"""Chapter 7's experiments: checkpointing, accumulation, offload and MFU measured on this device, and a scaling law fitted on models trained here."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from memlab.compute.accumulation import ACCUMULATION_SIZES, AccumulationExperiment
+from memlab.compute.checkpointing import CKPT_CI, COST_SIZES, CheckpointCosts
+from memlab.compute.hardware import StepMFU, TriedPeak
+from memlab.compute.offload import OffloadMeasurement, PagedOptimizerResult
+from memlab.compute.scaling import GRIDS, ScalingGrid
+from memlab.device import get_scale
+from memlab.experiments import register
+from memlab.results import kept_on_disk
+
+_CH7 = "chapters/07_compute_for_memory"
+
+
+@functools.cache
+@kept_on_disk
+def _costs(scale: str) -> CheckpointCosts:
+    from memlab.compute.checkpointing import checkpointing_costs
+
+    return checkpointing_costs(scale)
+
+
+@register("checkpointing-costs", chapter=_CH7,
+          summary="The book's model stepped for real with no, selective, every-K, segments-K and "
+                  "full checkpointing: saved bytes and peak measured beside the estimate, FLOPs "
+                  "counted with and without the checkpoint's early stop, time per step measured",
+          sizes=COST_SIZES, result=CheckpointCosts)
+def checkpointing_costs_experiment(scale: str | None = None) -> CheckpointCosts:
+    """Each checkpointing plan's bytes, FLOPs and time on this device (chapter: 7)."""
+    return _costs(get_scale(scale))
+
+
+@functools.cache
+@kept_on_disk
+def _accumulation(scale: str) -> AccumulationExperiment:
+    from memlab.compute.accumulation import accumulation_experiment
+
+    return accumulation_experiment(scale)
+
+
+@register("accumulation", chapter=_CH7,
+          summary="Peak memory against the micro-batch at a fixed global batch (measured and "
+                  "estimated), the same update as one large batch, and the fp32 accumulation "
+                  "buffer beside 16-bit gradients",
+          sizes=ACCUMULATION_SIZES, result=AccumulationExperiment)
+def accumulation_run(scale: str | None = None) -> AccumulationExperiment:
+    """Gradient accumulation measured on this device (chapter: 7)."""
+    return _accumulation(get_scale(scale))
+
+
+MFU_SIZES = {
+    "ci": dict(model=CKPT_CI, batch_size=4, seq_len=256, precision="fp32", repeats=5),
+    "full": dict(model="llama-1b", batch_size=4, seq_len=2048, precision="bf16-mixed",
+                 repeats=10),
+}
+
+
+@dataclass(frozen=True)
+class MFURun:
+    """A large matmul's tried peak and a training step's MFU against it (and, on a GPU, the datasheet's) (chapter: 7)."""
+
+    scale: str
+    peak: TriedPeak
+    step: StepMFU
+    flops_formula: int  # the step's FLOPs from the shapes (memlab.compute.flops.step_flops)
+
+
+@functools.cache
+@kept_on_disk
+def _mfu(scale: str) -> MFURun:
+    from memlab.compute.flops import step_flops
+    from memlab.compute.hardware import step_mfu, tried_peak
+    from memlab.device import pick_device
+    from memlab.measure.step import StepSpec, autocast_dtype, param_dtype, trace_step
+
+    size = dict(MFU_SIZES[scale])
+    repeats = size.pop("repeats")
+    spec = StepSpec(size.pop("model"), **size)
+    counted = trace_step(spec, count_flops=True).flops  # the counter's count, on fake tensors
+    dev = pick_device()
+    fmt = autocast_dtype(spec.precision) or param_dtype(spec.precision)
+    peak = tried_peak(dev, fmt, scale=scale)
+    step = step_mfu(spec, flops_per_step=counted, device=dev, peak=peak, repeats=repeats)
+    return MFURun(scale=scale, peak=peak, step=step, flops_formula=step_flops(spec).total)
+
+
+@register("step-mfu", chapter=_CH7,
+          summary="Model FLOPs utilisation: a training step's counted FLOPs over its measured "
+                  "time, against a large matmul tried on the same device (and, on a GPU, the "
+                  "quoted dense datasheet peak)",
+          sizes=MFU_SIZES, result=MFURun)
+def mfu_run(scale: str | None = None) -> MFURun:
+    """A step's MFU on this device (chapter: 7)."""
+    return _mfu(get_scale(scale))
+
+
+OFFLOAD_SIZES = {
+    "ci": dict(model="tiny", batch_size=2, seq_len=32, precision="fp32"),
+    "full": dict(model="llama-1b", batch_size=4, seq_len=1024, precision="bf16"),
+}
+
+
+@dataclass(frozen=True)
+class OffloadRun:
+    """The from-scratch offloaded AdamW's GPU bytes and host traffic, and a paged optimizer's, on this device (chapter: 7)."""
+
+    scale: str
+    offload: OffloadMeasurement
+    paged: PagedOptimizerResult
+
+
+@functools.cache
+@kept_on_disk
+def _offload(scale: str) -> OffloadRun:
+    from memlab.compute.offload import measure_offload, paged_optimizer_status
+
+    size = OFFLOAD_SIZES[scale]
+    return OffloadRun(scale=scale, offload=measure_offload(**size),
+                      paged=paged_optimizer_status())
+
+
+@register("offload", chapter=_CH7,
+          summary="Optimizer states kept in host memory by a from-scratch offloaded AdamW (GPU "
+                  "peak against torch's AdamW, bytes over the host link counted) and bitsandbytes' "
+                  "paged AdamW; both need a GPU to save anything, and say so elsewhere",
+          sizes=OFFLOAD_SIZES, result=OffloadRun)
+def offload_run(scale: str | None = None) -> OffloadRun:
+    """Offload measured on this device, or its status where nothing can be saved (chapter: 7)."""
+    return _offload(get_scale(scale))
+
+
+@functools.cache
+@kept_on_disk
+def _grid(scale: str) -> ScalingGrid:
+    from memlab.compute.scaling import scaling_grid
+
+    return scaling_grid(scale)
+
+
+@register("scaling-grid", chapter=_CH7,
+          summary="A grid of the book's models trained for several run lengths on a Markov chain "
+                  "whose best loss is exact; L(N, D) = E + A/N^alpha + B/D^beta fitted with E free "
+                  "and E fixed to the entropy, bootstrapped, and the compute-optimal split",
+          sizes=GRIDS, result=ScalingGrid)
+def scaling_grid_run(scale: str | None = None) -> ScalingGrid:
+    """The scaling grid trained and fitted on this device (chapter: 7)."""
+    return _grid(get_scale(scale))

@@ -1,0 +1,139 @@
+"""The memory planner: its set-ups fit, its choices are held to traces, bad input is one line."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from memlab.compute.plan import LORA_RANK, plan_training
+from memlab.distributed.estimate import estimate_sharded
+from memlab.errors import MemlabError
+from memlab.finetune import LoraConfig
+from memlab.finetune.compare import Setup
+from memlab.gpus import GPU, get_gpu
+from memlab.measure.step import trace_step
+from memlab.units import UNITS
+
+# A made-up 3 GiB GPU (2 GiB usable): GPT-2's 124M parameters need ZeRO or adapters on it.
+SMALL_GPU = GPU("test-3GiB", 3 * UNITS["GiB"], "3 GiB", "GiB", "HBM3", bf16_tensor_cores=True,
+                flash_attention_2=True, source="https://example.org/made-up",
+                peak_tera_ops=(("bf16", 100.0),))
+
+
+@pytest.fixture(scope="module")
+def small_plan():
+    return plan_training("gpt2", SMALL_GPU, global_batch=16, seq_len=512, gpu_counts=(1, 2, 4),
+                         trains=("full", "lora"), device="cpu")
+
+
+def test_every_row_fits_and_the_rows_are_cheapest_first(small_plan):
+    rows = small_plan.rows
+    assert rows and all(r.per_gpu_peak_bytes <= SMALL_GPU.usable_bytes for r in rows)
+    costs = [r.gpu_seconds for r in rows]
+    assert costs == sorted(costs)
+    for r in rows:
+        assert r.gpus * r.micro_batch * r.grad_accum == 16
+        assert r.step_s == pytest.approx(r.compute_s + r.comm_s + r.offload_s)
+    # Plain data parallelism on one GPU does not fit: the planner had to shard or adapt.
+    assert not any(r.trains == "full" and r.zero_stage == 0 for r in rows)
+    assert {r.trains for r in rows} == {"full", "lora"}
+
+
+def test_the_chosen_micro_batch_is_the_largest_that_fits(small_plan):
+    for r in small_plan.rows:
+        if r.trains != "full" or r.offload != "none" or r.micro_batch * r.gpus == 16:
+            continue
+        bigger = estimate_sharded("gpt2", zero_stage=r.zero_stage, gpus=r.gpus,
+                                  batch_size=2 * r.micro_batch, seq_len=512,
+                                  precision=r.precision, checkpointing=r.checkpointing,
+                                  device="cpu")
+        assert bigger.per_gpu_peak_bytes > SMALL_GPU.usable_bytes
+
+
+def test_the_plans_choices_are_held_to_traces(small_plan):
+    """Each sharded choice's per-GPU peak traced with FSDP2 on a fake process group, and the
+    adapters' step traced on one GPU: within 3% of the planner's figure, and under the GPU."""
+    traced = pytest.importorskip("memlab.distributed.traced")
+    checked = 0
+    for r in small_plan.rows:
+        if r.trains == "full" and r.offload == "none" and r.zero_stage in (2, 3) \
+                and not (r.zero_stage == 2 and r.checkpointing):  # see test_dist_estimate
+            t = traced.trace_sharded("gpt2", r.gpus, reshard_after_forward=r.zero_stage == 3,
+                                     precision=r.precision, batch_size=r.micro_batch,
+                                     seq_len=512, checkpointing=r.checkpointing)
+            peak = t.peak_bytes
+        elif r.trains == "lora":
+            lora = LoraConfig(r=LORA_RANK, target_modules="all-linear")
+            peak = trace_step("gpt2", batch_size=r.micro_batch, seq_len=512,
+                              precision=r.precision, checkpointing=r.checkpointing,
+                              prepare=Setup("lora", lora=lora)).peak_bytes
+        else:
+            continue
+        checked += 1
+        assert abs(r.per_gpu_peak_bytes / peak - 1) < 0.03, (r.label, r.per_gpu_peak_bytes, peak)
+        assert peak <= SMALL_GPU.usable_bytes * 1.03, r.label
+    assert checked >= 3
+
+
+def test_offload_costs_grow_with_accumulation():
+    a = plan_training("llama2-7b", "A100-80GB", global_batch=512, seq_len=4096, trains="full")
+    offloaded = [r for r in a.rows if r.offload != "none"]
+    assert offloaded and all(r.offload_s > 0 for r in offloaded)
+    assert all(r.offload_s == 0 for r in a.rows if r.offload == "none")
+    # Gradients leave the GPU in every micro-batch: the same set-up with more micro-batches
+    # per step moves more.
+    from memlab.compute.plan import _host_seconds
+
+    one = _host_seconds(10**9, "optimizer", 2, 1, "mixed", False, 1, 32e9)
+    many = _host_seconds(10**9, "optimizer", 2, 1, "mixed", False, 8, 32e9)
+    assert many > one > 0
+
+
+def test_nothing_fits_is_said_with_the_smallest_peak():
+    p = plan_training("llama2-70b", "T4", global_batch=8, seq_len=4096, trains="full",
+                      gpu_counts=(1,))
+    assert p.rows == ()
+    assert p.smallest_peak_bytes > get_gpu("T4").usable_bytes
+    assert "nothing fits" in p.table()
+    with pytest.raises(MemlabError, match="no set-up training full fits T4"):
+        p.best("full")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "memlab", "plan", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_issue_command_lists_set_ups():
+    proc = _cli("--model", "llama2-7b", "--gpu", "a100-80gb", "--global-batch", "512",
+                "--seq-len", "4096", "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["gpu"] == "A100-80GB" and len(plan["rows"]) >= 5
+    for key in ("precision", "zero_stage", "gpus", "trains", "checkpointing", "micro_batch",
+                "grad_accum", "offload", "per_gpu_peak_bytes", "flops_per_step", "gpu_seconds"):
+        assert key in plan["rows"][0]
+    text = _cli("--model", "llama2-7b", "--gpu", "a100-80gb", "--global-batch", "512",
+                "--seq-len", "4096", "--limit", "3").stdout
+    assert "cheap" not in text and text.count("\n") == 5  # the head, the columns, 3 rows
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpu", "b300"], "unknown GPU 'b300'; accepted: T4"),
+    (["--trains", "dora"], "trains 'dora' is not a set-up; accepted: full, lora, qlora"),
+    (["--global-batch", "0"], "global_batch must be a positive integer, got 0"),
+    (["--gpus", "3,x"], "--gpus must be comma-separated positive integers, got '3,x'"),
+    (["--gpus", "5"], "no GPU count in (5,) divides the global batch 8"),
+    (["--mfu", "1.5"], "mfu must be a number in (0, 1], got 1.5"),
+    (["--host-link", "usb"], "link 'usb'"),
+    (["--seq-len", "100000"], "seq_len 100000 exceeds max_seq_len"),
+    (["--limit", "-1"], "--limit must be 0 (all) or a positive number of rows, got -1"),
+])
+def test_bad_input_is_one_line(args, message):
+    base = {"--model": "llama2-7b", "--gpu": "h100", "--global-batch": "8", "--seq-len": "512"}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    proc = _cli(*[x for kv in base.items() for x in kv])
+    assert proc.returncode == 2
+    assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
