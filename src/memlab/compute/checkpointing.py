@@ -18,10 +18,10 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from memlab.compute.flops import step_flops
-from memlab.compute.hardware import time_train_step
 from memlab.device import get_scale, pick_device
 from memlab.errors import MemlabError
 from memlab.measure.step import StepSpec, measure_step
+from memlab.measure.timing import time_ms
 from memlab.memory.training import estimate
 from memlab.model.checkpoint import Checkpointing, parse_checkpointing, sqrt_segments
 from memlab.model.transformer import ModelConfig, get_config
@@ -133,7 +133,7 @@ CKPT_CI = ModelConfig(name="ckpt-ci", style="llama", vocab_size=512, n_layer=8, 
 """The model chapter 7 checkpoints on a CPU: 8 blocks, so every-K and segments-K differ."""
 
 COST_SIZES = {
-    "ci": dict(model=CKPT_CI, batch_size=2, seq_len=128, precision="fp32", repeats=3,
+    "ci": dict(model=CKPT_CI, batch_size=2, seq_len=128, precision="fp32", repeats=7,
                plans=("none", "selective", "every-2", "segments-4", "full")),
     "full": dict(model="llama-1b", batch_size=4, seq_len=2048, precision="bf16-mixed",
                  repeats=5, plans=("none", "selective", "every-2", "segments-5", "full")),
@@ -216,33 +216,66 @@ def _early_stop(on: bool):
     return contextlib.nullcontext() if on else set_checkpoint_early_stop(False)
 
 
+def _stepper(spec: StepSpec, dev, early_stop: bool):
+    """A closure running one training step of ``spec`` on ``dev`` (the model built once)."""
+    import torch
+
+    from memlab.measure.step import default_dtype, param_dtype, step_autocast, step_optimizer
+    from memlab.model.transformer import build_model, lm_loss
+
+    with default_dtype(param_dtype(spec.precision)):
+        model = build_model(spec.config, device=dev, seed=0, checkpointing=spec.checkpointing)
+    opt = step_optimizer(spec, list(model.parameters()))
+    gen = torch.Generator().manual_seed(0)
+    idx, targets = torch.randint(0, spec.config.vocab_size, (2, spec.batch_size, spec.seq_len),
+                                 generator=gen).to(dev)
+
+    def step() -> None:
+        with _early_stop(early_stop):
+            with step_autocast(spec.precision, dev):
+                loss = lm_loss(model(idx), targets)
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
 def checkpointing_costs(scale: str | None = None, device=None, *, plans=None) -> CheckpointCosts:
-    """Each plan of the book's model stepped for real here: bytes, counted FLOPs, time per step (chapter: 7)."""
+    """Each plan of the book's model stepped for real here: bytes, counted FLOPs, time per step (chapter: 7).
+
+    The steps are timed side by side: every plan's model is built first, then each round times
+    one step of every plan (with the checkpoint's early stop on and off), so a change in the
+    machine's load touches every plan alike; each plan's time is its median over the rounds.
+    """
     scale = get_scale(scale)
     size = dict(COST_SIZES[scale])
     dev = pick_device(device)
     cfg = size["model"] if isinstance(size["model"], ModelConfig) else get_config(size["model"])
-    names = size["plans"] if plans is None else tuple(plans)
-    if "none" not in [parse_checkpointing(p).name for p in names]:
+    names = [parse_checkpointing(p).name for p in (size["plans"] if plans is None else plans)]
+    if "none" not in names:
         raise MemlabError("checkpointing_costs compares plans with 'none': include it in plans")
     conventions = "cuda" if dev.type == "cuda" else "cpu"
+    specs = {name: StepSpec(cfg, batch_size=size["batch_size"], seq_len=size["seq_len"],
+                            precision=size["precision"],
+                            checkpointing=parse_checkpointing(name).label) for name in names}
+    steps = {(name, stop): _stepper(spec, dev, stop) for name, spec in specs.items()
+             for stop in ((True, False) if parse_checkpointing(name) else (True,))}
+    times: dict = {key: [] for key in steps}
+    for step in steps.values():  # warm-up: the first step of each allocates its states
+        step()
+    for _ in range(size["repeats"]):
+        for key, step in steps.items():
+            times[key] += time_ms(step, warmup=0, repeats=1, device=dev)
     out = []
-    for name in names:
-        spec = StepSpec(cfg, batch_size=size["batch_size"], seq_len=size["seq_len"],
-                        precision=size["precision"], checkpointing=parse_checkpointing(name).label)
+    for name, spec in specs.items():
         m = measure_step(spec, device=dev, count_flops=True)
         est = estimate(spec, device=conventions)
         whole = step_flops(spec, early_stop=False).total
-        times = time_train_step(spec, device=dev, repeats=size["repeats"], warmup=1).times_ms
-        times_whole = times
-        if parse_checkpointing(name):  # the early stop only matters where something recomputes
-            with _early_stop(False):
-                times_whole = time_train_step(spec, device=dev, repeats=size["repeats"],
-                                              warmup=1).times_ms
-        out.append(MeasuredPlan(parse_checkpointing(name).name, m.saved_activations_bytes,
-                                m.peak_bytes, est.activations_bytes, est.peak_bytes, m.flops,
-                                whole, statistics.median(times), statistics.median(times_whole),
-                                tuple(times)))
+        t, t_whole = times[(name, True)], times.get((name, False), times[(name, True)])
+        out.append(MeasuredPlan(name, m.saved_activations_bytes, m.peak_bytes,
+                                est.activations_bytes, est.peak_bytes, m.flops, whole,
+                                statistics.median(t), statistics.median(t_whole), tuple(t)))
     setup = {k: v for k, v in size.items() if k not in ("model", "plans")}
     return CheckpointCosts(scale=scale, device=dev.type,
                            setup=setup | {"model": cfg.name, "parameters": cfg.num_parameters()},
