@@ -12,6 +12,17 @@ from memlab.plot.attention import (  # noqa: F401
     tiling,
     traffic,
 )
+from memlab.plot.compute import (  # noqa: F401
+    accelerators,
+    accumulation_buffer,
+    accumulation_sweep,
+    checkpoint_costs,
+    checkpoint_curve,
+    flops_over_seq_len,
+    offload_costs,
+    plan_costs,
+    scaling_fit,
+)
 from memlab.plot.distributed import (  # noqa: F401
     COLLECTIVE_COLORS,
     STAGE_COLORS,

@@ -1,0 +1,766 @@
+"""Lab 7, "Trading compute for memory": a training step's FLOPs from its config, what
+checkpointing every k-th block saves and costs, the micro-batch that fits a memory budget, and
+the set-up a memory planner says is cheapest.
+
+Every expected value is computed at check time, never typed in: the FLOPs with
+:func:`memlab.compute.flops.step_flops` and, for one small case, PyTorch's ``FlopCounterMode``
+itself (:func:`memlab.measure.step.trace_step` with ``count_flops=True``); the saved bytes with
+:func:`memlab.memory.training.estimate` and the recomputed FLOPs with ``step_flops``'s
+``recompute`` (PyTorch's early stop on); the micro-batch with ``estimate``'s peak at each
+divisor of the global batch; the set-up with :func:`memlab.compute.plan.plan_training`. Each
+hint names one mistake and fires only on the answer that mistake gives, computed from the same
+numbers the check compares with.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+
+from memlab.compute.flops import ATTENTION_BACKWARD, matmul_parameters, step_flops
+from memlab.compute.plan import MemoryPlan, PlanRow, plan_training
+from memlab.errors import MemlabError, check_choice, check_positive_int
+from memlab.gpus import get_gpu
+from memlab.labs.grader import answer_number, close_to, define_lab
+from memlab.measure.step import trace_step
+from memlab.memory.training import estimate, saved_tensors
+from memlab.model.train import PRECISIONS
+from memlab.model.transformer import ModelConfig, get_config
+from memlab.units import to_unit
+
+# Exercise 7.1: configs of both styles, with and without GQA, at several sequence lengths;
+# COUNTED_CASE is also traced under FlopCounterMode when the check runs.
+FLOP_CASES = {
+    "gpt2, batch 8 x 1024": dict(model="gpt2", batch_size=8, seq_len=1024),
+    "llama2-7b, batch 1 x 4096": dict(model="llama2-7b", batch_size=1, seq_len=4096),
+    "llama3-8b (GQA), batch 1 x 8192": dict(model="llama3-8b", batch_size=1, seq_len=8192),
+    "llama-1b (GQA), batch 4 x 512": dict(model="llama-1b", batch_size=4, seq_len=512),
+    "tiny (GQA), batch 2 x 32": dict(model="tiny", batch_size=2, seq_len=32),
+}
+COUNTED_CASE = "tiny (GQA), batch 2 x 32"
+FLOP_RTOL = 1e-9  # FLOPs are whole numbers; a float computed on the way is fine
+
+# Exercise 7.2: checkpointing every k-th block, for numbers of blocks k does not divide, for
+# k = 1 (every block) and for k = L (block 0 only), in several precisions.
+EVERY_K_CASES = {
+    "llama2-7b, 1 x 4096, bf16-mixed, k=3": dict(model="llama2-7b", batch_size=1, seq_len=4096,
+                                                 k=3, precision="bf16-mixed"),
+    "gpt2, 8 x 1024, fp32, k=5": dict(model="gpt2", batch_size=8, seq_len=1024, k=5,
+                                      precision="fp32"),
+    "llama-1b, 4 x 2048, bf16-mixed, k=4": dict(model="llama-1b", batch_size=4, seq_len=2048,
+                                                k=4, precision="bf16-mixed"),
+    "llama3-8b, 1 x 8192, bf16, k=32": dict(model="llama3-8b", batch_size=1, seq_len=8192,
+                                            k=32, precision="bf16"),
+    "gpt2, 4 x 1024, bf16-mixed, k=1": dict(model="gpt2", batch_size=4, seq_len=1024, k=1,
+                                            precision="bf16-mixed"),
+}
+PIECES = ("block", "block input", "outside the blocks")  # the keys of saved_pieces
+
+# Exercise 7.3: a global batch of sequences per optimizer step, split into micro-batches that
+# fit a GPU's usable memory (the estimate's defaults otherwise: AdamW, no checkpointing).
+MICRO_CASES = {
+    "gpt2, 24 x 1024, fp32, L4": dict(model="gpt2", global_batch=24, seq_len=1024,
+                                      precision="fp32", gpu="L4"),
+    "gpt2, 24 x 512, bf16-mixed, A100-40GB": dict(model="gpt2", global_batch=24, seq_len=512,
+                                                  precision="bf16-mixed", gpu="A100-40GB"),
+    "llama-1b, 24 x 1024, bf16-mixed, A100-40GB": dict(model="llama-1b", global_batch=24,
+                                                       seq_len=1024, precision="bf16-mixed",
+                                                       gpu="A100-40GB"),
+    "gpt2, 48 x 1024, bf16, L4": dict(model="gpt2", global_batch=48, seq_len=1024,
+                                      precision="bf16", gpu="L4"),
+    "llama-1b, 24 x 2048, bf16-mixed, L4": dict(model="llama-1b", global_batch=24, seq_len=2048,
+                                                precision="bf16-mixed", gpu="L4"),
+}
+
+# Exercise 7.4: small planner calls (few GPU counts), and the most GPUs a set-up may use.
+PLAN_GPU_COUNTS = (1, 2, 4, 8)
+PLAN_CASES = {
+    "llama2-7b on A100-80GB, up to 8 GPUs": dict(model="llama2-7b", gpu="A100-80GB",
+                                                 global_batch=64, seq_len=4096, max_gpus=8),
+    "llama2-7b on A100-80GB, 1 GPU": dict(model="llama2-7b", gpu="A100-80GB", global_batch=64,
+                                          seq_len=4096, max_gpus=1),
+    "llama-1b on A100-40GB, up to 8 GPUs": dict(model="llama-1b", gpu="A100-40GB",
+                                                global_batch=64, seq_len=2048, max_gpus=8),
+}
+SENTENCE_DIGITS = 1  # the sentence's numbers: GiB and GPU-seconds to one decimal
+
+
+def _one_line(text) -> str:
+    return " ".join(str(text).split())
+
+
+def _call(fn: Callable, args: Mapping, name: str) -> tuple[object, str]:
+    """``fn`` called with ``args``' values in order, and '', or None and a one-line message saying what it raised."""
+    try:
+        return fn(*args.values()), ""
+    except Exception as exc:
+        shown = ", ".join(f"{k}={_show(v)}" for k, v in args.items())
+        return None, f"{name}({shown}) raised {type(exc).__name__}: {_one_line(exc)}"
+
+
+def _show(value) -> str:
+    if isinstance(value, ModelConfig):
+        return f"<{value.name} config>"
+    if isinstance(value, MemoryPlan):
+        return f"<plan for {value.model} on {value.gpu}>"
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else repr(value)
+
+
+def _pair(value) -> tuple[float, float] | None:
+    """Two real numbers from a 2-sequence, else None."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence) or len(value) != 2:
+        return None
+    out = tuple(answer_number(v) for v in value)
+    return None if any(v is None for v in out) else out
+
+
+def _best_slip(wrong: Sequence[tuple[Mapping, object]], slips: Sequence[tuple[Callable, str]],
+               same: Callable[[object, object], bool]) -> str:
+    """The hint of the slip that gives the learner's answer on every wrong case, else on the first."""
+    for fn, hint in slips:
+        if all(same(got, fn(**args)) for args, got in wrong):
+            return hint
+    args, got = wrong[0]
+    return next((hint for fn, hint in slips if same(got, fn(**args))), "")
+
+
+# ------------------------------------------------------------ 7.1 FLOPs from the config
+
+
+def flop_case_args(case: str) -> dict:
+    """The arguments exercise 7.1 passes for one case of :data:`FLOP_CASES`: cfg, batch_size, seq_len (chapter: 7)."""
+    check_choice("case", case, FLOP_CASES)
+    c = FLOP_CASES[case]
+    return dict(cfg=get_config(c["model"]), batch_size=c["batch_size"], seq_len=c["seq_len"])
+
+
+def reference_step_flops(cfg: ModelConfig, batch_size: int, seq_len: int) -> tuple[int, int]:
+    """(forward, backward) FLOPs of one training step as PyTorch's counter counts them, from :func:`step_flops` (chapter: 7)."""
+    f = step_flops(cfg, batch_size=batch_size, seq_len=seq_len)
+    return f.forward, f.backward
+
+
+@functools.cache
+def counted_step_flops(case: str = COUNTED_CASE) -> tuple[int, int]:
+    """(forward, backward) FLOPs of one case of :data:`FLOP_CASES`, counted by FlopCounterMode on fake tensors (chapter: 7)."""
+    args = flop_case_args(case)
+    traced = trace_step(args["cfg"], batch_size=args["batch_size"], seq_len=args["seq_len"],
+                        count_flops=True)
+    return traced.flops_by_phase["forward"], traced.flops_by_phase["backward"]
+
+
+def expected_step_flops(case: str) -> tuple[int, int]:
+    """What exercise 7.1 expects for one case: the counter's count for :data:`COUNTED_CASE`, step_flops' for the others (chapter: 7)."""
+    if case == COUNTED_CASE:
+        return counted_step_flops(case)
+    return reference_step_flops(**flop_case_args(case))
+
+
+def flops_by_terms(cfg: ModelConfig, batch_size: int, seq_len: int, *, attention: float = 1.0,
+                   head: bool = True, attention_backward: float | None = None,
+                   kv_heads: int | None = None, mlp_matrices: int | None = None,
+                   every_parameter: bool = False) -> tuple[int, int]:
+    """(forward, backward) FLOPs term by term, each term switchable: the right count and its typical slips (chapter: 7).
+
+    ``attention`` scales the attention term (0: left out, 0.5: causal halving);
+    ``attention_backward`` replaces SDPA's backward-over-forward ratio; ``kv_heads`` and
+    ``mlp_matrices`` replace the config's; ``every_parameter`` counts 2 and 4 FLOPs per
+    parameter (embeddings, norms and biases included) per token, 6ND's reading.
+    """
+    if attention_backward is None and cfg.attention not in ATTENTION_BACKWARD:
+        raise MemlabError(f"attention {cfg.attention!r} has no counted backward ratio; accepted: "
+                          f"{', '.join(ATTENTION_BACKWARD)}, or pass attention_backward")
+    B, T = batch_size, seq_len
+    BT = B * T
+    if every_parameter:
+        n = cfg.num_parameters()
+        return 2 * BT * n, 4 * BT * n
+    C, L, V, nh, hs, F = (cfg.d_model, cfg.n_layer, cfg.vocab_size, cfg.n_head, cfg.head_dim,
+                          cfg.ffn_dim)
+    kv = (cfg.kv_heads if kv_heads is None else kv_heads) * hs
+    mats = (2 if cfg.style == "gpt2" else 3) if mlp_matrices is None else mlp_matrices
+    linear = 2 * BT * L * (C * nh * hs + 2 * C * kv + nh * hs * C + mats * C * F)
+    head_f = 2 * BT * C * V if head else 0
+    att = attention * L * 2 * (2 * B * nh * T * T * hs)  # q k^T and att v
+    ratio = ATTENTION_BACKWARD[cfg.attention] if attention_backward is None else attention_backward
+    return round(linear + att + head_f), round(2 * linear + ratio * att + 2 * head_f)
+
+
+def flop_slips() -> list[tuple[Callable, str]]:
+    """Typical wrong step_flops_from_config functions, each with its hint (chapter: 7)."""
+    def slip(**kw):
+        return lambda cfg, batch_size, seq_len: flops_by_terms(cfg, batch_size, seq_len, **kw)
+
+    return [
+        (slip(attention=0.0), "add attention's two matmuls in every block: the scores q k^T "
+                              "and the weighted values, each 2·B·nh·T·T·hs FLOPs forward; they "
+                              "have no weights, so a parameter count misses them"),
+        (slip(head=False), "count the head's matmul, 2·B·T·C·V FLOPs forward (a tied head is "
+                           "still a matmul)"),
+        (slip(attention_backward=2.0), "SDPA's backward counts 2.5x its forward, not 2x: its "
+                                       "formula recomputes the scores (5 matmuls against 2); "
+                                       "2x is a plain matmul's, and PaLM's 12LCT"),
+        (slip(attention=0.5), "the counter counts the whole T x T square: the causal mask does "
+                              "not halve the count"),
+        (slip(every_parameter=True), "count the parameters a token multiplies "
+                                     "(matmul_parameters): embedding lookups, norms and biases "
+                                     "are no matmuls; 6ND with every parameter overcounts"),
+        (lambda cfg, batch_size, seq_len: flops_by_terms(cfg, batch_size, seq_len,
+                                                         kv_heads=cfg.n_head),
+         "with GQA, k_proj and v_proj have n_kv_head heads of hs, not n_head"),
+        (lambda cfg, batch_size, seq_len: flops_by_terms(
+            cfg, batch_size, seq_len, mlp_matrices=5 - (2 if cfg.style == "gpt2" else 3)),
+         "GPT-2's MLP has two matrices (c_fc, c_proj), Llama's SwiGLU three (gate, up, down)"),
+        (lambda cfg, batch_size, seq_len: reference_step_flops(cfg, batch_size, seq_len)[::-1],
+         "return (forward, backward), in that order"),
+    ]
+
+
+def _same_pair(a, b, rtol: float = FLOP_RTOL) -> bool:
+    return a is not None and all(close_to(x, y, rtol) for x, y in zip(a, b, strict=True))
+
+
+def _which_wrong(got: tuple[float, float], expected: tuple[int, int], rtol: float,
+                 names: tuple[str, str]) -> str:
+    ok = [close_to(g, e, rtol) for g, e in zip(got, expected, strict=True)]
+    if ok[0] and not ok[1]:
+        return f"its {names[0]} is right, its {names[1]} is not"
+    if ok[1] and not ok[0]:
+        return f"its {names[1]} is right, its {names[0]} is not"
+    return f"neither its {names[0]} nor its {names[1]} is right"
+
+
+def check_step_flops(answer, rtol: float = FLOP_RTOL):
+    """Check a step_flops_from_config(cfg, batch_size, seq_len) function against step_flops and the counter (chapter: 7)."""
+    if not callable(answer):
+        return False, (f"answer the function step_flops_from_config itself, got "
+                       f"{type(answer).__name__}")
+    results = {}
+    for case in FLOP_CASES:
+        out, raised = _call(answer, flop_case_args(case), "step_flops_from_config")
+        if raised:
+            return False, raised
+        results[case] = out
+    if all(r is None for r in results.values()):
+        return None
+    wrong = []
+    for case, out in results.items():
+        got = _pair(out)
+        if got is None:
+            return False, (f"step_flops_from_config on {case!r} returned {type(out).__name__}: "
+                           "return two numbers, (forward, backward) FLOPs")
+        expected = expected_step_flops(case)
+        if not _same_pair(got, expected, rtol):
+            wrong.append((case, got, expected))
+    if not wrong:
+        return True
+    first, got, expected = wrong[0]
+    hint = _best_slip([(flop_case_args(c), g) for c, g, _ in wrong], flop_slips(),
+                      lambda a, b: _same_pair(a, b, rtol))
+    counted = " (counted by FlopCounterMode)" if first == COUNTED_CASE else ""
+    return False, (f"{len(wrong)} of {len(FLOP_CASES)} cases not right, the first {first!r}"
+                   f"{counted}: {_which_wrong(got, expected, rtol, ('forward', 'backward'))}"
+                   + (f"; {hint}" if hint else ""))
+
+
+# ------------------------------------------------ 7.2 checkpointing every k-th block
+
+
+def every_k_args(case: str) -> dict:
+    """The arguments exercise 7.2 passes for one case of :data:`EVERY_K_CASES`: cfg, batch_size, seq_len, k, precision (chapter: 7)."""
+    check_choice("case", case, EVERY_K_CASES)
+    c = dict(EVERY_K_CASES[case])
+    return dict(cfg=get_config(c.pop("model")), **c)
+
+
+def saved_pieces(cfg: ModelConfig, batch_size: int, seq_len: int, precision: str) -> dict[str, int]:
+    """Bytes of :data:`PIECES`: what one block saves, one block's input, what is saved outside the blocks (chapter: 7).
+
+    From :func:`memlab.memory.training.saved_tensors`: a block's full list without
+    checkpointing; the input a checkpointed block keeps, and what the step saves once (the final
+    norm, the head's log-softmax, the loss, RoPE tables or positions), from the list with
+    every block checkpointed.
+    """
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("seq_len", seq_len)
+    check_choice("precision", precision, PRECISIONS)
+    none = saved_tensors(cfg, batch_size=batch_size, seq_len=seq_len, precision=precision,
+                         checkpointing=False)
+    full = saved_tensors(cfg, batch_size=batch_size, seq_len=seq_len, precision=precision,
+                         checkpointing=True)
+    return {"block": sum(t.bytes for t in none if t.scope == "layer"),
+            "block input": sum(t.bytes for t in full if t.scope == "layer"),
+            "outside the blocks": sum(t.bytes for t in full if t.scope in ("model", "head"))}
+
+
+def reference_every_k(cfg: ModelConfig, batch_size: int, seq_len: int, k: int,
+                      precision: str) -> tuple[int, int]:
+    """(saved activation bytes, recomputed FLOPs) of checkpointing every k-th block, from estimate and step_flops (chapter: 7)."""
+    check_positive_int("k", k)
+    plan = f"every-{k}"
+    saved = estimate(cfg, batch_size=batch_size, seq_len=seq_len, precision=precision,
+                     checkpointing=plan).activations_bytes
+    extra = step_flops(cfg, batch_size=batch_size, seq_len=seq_len, checkpointing=plan).recompute
+    return saved, extra
+
+
+def _block_forward(cfg: ModelConfig, B: int, T: int) -> tuple[int, int]:
+    """Forward FLOPs of one block, and of its last matmul (down_proj or c_proj)."""
+    C, V = cfg.d_model, cfg.vocab_size
+    linear = 2 * B * T * (matmul_parameters(cfg) - C * V) // cfg.n_layer
+    return linear + 4 * B * cfg.n_head * T * T * cfg.head_dim, 2 * B * T * cfg.ffn_dim * C
+
+
+def every_k_byte_slips() -> list[tuple[Callable, str]]:
+    """Typical wrong saved-bytes answers of exercise 7.2, as functions of the case, each with its hint (chapter: 7)."""
+    def pieces(cfg, batch_size, seq_len, precision):
+        p = saved_pieces(cfg, batch_size, seq_len, precision)
+        return p["block"], p["block input"], p["outside the blocks"]
+
+    def rule(kept: Callable[[int, int], int], outside=True, swap=False):
+        def fn(cfg, batch_size, seq_len, k, precision):
+            block, x, out = pieces(cfg, batch_size, seq_len, precision)
+            n, L = kept(cfg.n_layer, k), cfg.n_layer
+            if swap:
+                block, x = x, block
+            return (out if outside else 0) + n * x + (L - n) * block
+        return fn
+
+    def plan(name):
+        return lambda cfg, batch_size, seq_len, k, precision: estimate(
+            cfg, batch_size=batch_size, seq_len=seq_len, precision=precision,
+            checkpointing=name(k)).activations_bytes
+
+    return [
+        (rule(lambda L, k: L // k), "the checkpointed blocks are 0, k, 2k, ...: ceil(L / k) "
+                                    "of them, not L // k"),
+        (rule(lambda L, k: -(-L // k), outside=False),
+         "add what is saved outside the blocks, once: the final norm, the head's "
+         "log-softmax, the loss (saved_pieces' 'outside the blocks')"),
+        (plan(lambda k: True), "only every k-th block is checkpointed: the others keep their "
+                               "full list"),
+        (plan(lambda k: f"segments-{k}"), "that is segments of k blocks (segments-k), each "
+                                          "recomputed whole from one saved input; every-k "
+                                          "checkpoints single blocks and the others keep "
+                                          "everything"),
+        (rule(lambda L, k: -(-L // k), swap=True), "it is the checkpointed blocks that keep "
+                                                   "only their input; the others keep their "
+                                                   "full list"),
+        (lambda cfg, batch_size, seq_len, k, precision: reference_every_k(
+            cfg, batch_size, seq_len, k, precision)[0] / 2**30, "answer bytes, not GiB"),
+    ]
+
+
+def every_k_flop_slips() -> list[tuple[Callable, str]]:
+    """Typical wrong recomputed-FLOPs answers of exercise 7.2, as functions of the case, each with its hint (chapter: 7)."""
+    def rule(kept: Callable[[int, int], int], early_stop=True, head=False):
+        def fn(cfg, batch_size, seq_len, k, precision):
+            block, last = _block_forward(cfg, batch_size, seq_len)
+            n = kept(cfg.n_layer, k)
+            extra = n * (block - (last if early_stop else 0))
+            return extra + (2 * batch_size * seq_len * cfg.d_model * cfg.vocab_size if head
+                            else 0)
+        return fn
+
+    def ceil(L, k):
+        return -(-L // k)
+
+    return [
+        (rule(ceil, early_stop=False), "PyTorch's checkpoint stops recomputing early: once the "
+                                       "tensors the backward needs are back, it stops, so each "
+                                       "checkpointed block's last matmul (down_proj, GPT-2's "
+                                       "c_proj) is not run again"),
+        (rule(lambda L, k: L // k), "the checkpointed blocks are 0, k, 2k, ...: ceil(L / k) of "
+                                    "them, not L // k"),
+        (rule(lambda L, k: L // k, early_stop=False),
+         "ceil(L / k) checkpointed blocks, not L // k; and the recomputation stops early, "
+         "before each block's last matmul"),
+        (rule(ceil, head=True), "the head is not checkpointed: nothing recomputes it"),
+        (lambda cfg, batch_size, seq_len, k, precision: step_flops(
+            cfg, batch_size=batch_size, seq_len=seq_len,
+            checkpointing=f"segments-{k}").recompute,
+         "that is segments of k blocks (segments-k); every-k recomputes the k-th blocks only"),
+        (lambda cfg, batch_size, seq_len, k, precision: step_flops(
+            cfg, batch_size=batch_size, seq_len=seq_len).forward,
+         "not one whole extra forward: only the checkpointed blocks run again"),
+    ]
+
+
+def check_every_k(answer, rtol: float = FLOP_RTOL):
+    """Check an every_k_prediction(cfg, batch_size, seq_len, k, precision) function against estimate and step_flops (chapter: 7)."""
+    if not callable(answer):
+        return False, f"answer the function every_k_prediction itself, got {type(answer).__name__}"
+    results = {}
+    for case in EVERY_K_CASES:
+        out, raised = _call(answer, every_k_args(case), "every_k_prediction")
+        if raised:
+            return False, raised
+        results[case] = out
+    if all(r is None for r in results.values()):
+        return None
+    wrong = {0: [], 1: []}  # by element: saved bytes, recomputed FLOPs
+    first = None
+    for case, out in results.items():
+        got = _pair(out)
+        if got is None:
+            return False, (f"every_k_prediction on {case!r} returned {type(out).__name__}: "
+                           "return two numbers, (saved activation bytes, extra FLOPs)")
+        expected = reference_every_k(**every_k_args(case))
+        tols = (1e-12, rtol)  # bytes exact
+        bad = [i for i in (0, 1) if not close_to(got[i], expected[i], tols[i])]
+        for i in bad:
+            wrong[i].append((every_k_args(case), got[i]))
+        if bad and first is None:
+            first = (case, bad)
+    if first is None:
+        return True
+    n_wrong = sum(1 for case, out in results.items()
+                  if not _same_pair(_pair(out), reference_every_k(**every_k_args(case)), rtol))
+    parts = []
+    for i, (name, slips, tol) in enumerate((("saved bytes", every_k_byte_slips(), 1e-12),
+                                            ("extra FLOPs", every_k_flop_slips(), rtol))):
+        if wrong[i]:
+            hint = _best_slip(wrong[i], slips, lambda a, b, tol=tol: close_to(a, b, tol))
+            parts.append(f"the {name} are not right in {len(wrong[i])} case(s)"
+                         + (f" ({hint})" if hint else ""))
+    return False, (f"{n_wrong} of {len(EVERY_K_CASES)} cases not right, the first "
+                   f"{first[0]!r}: " + "; ".join(parts))
+
+
+# ------------------------------------------------- 7.3 micro-batch and accumulation
+
+
+def micro_case_args(case: str) -> dict:
+    """The arguments exercise 7.3 passes for one case of :data:`MICRO_CASES`: model, global_batch, seq_len, budget_bytes, precision (chapter: 7)."""
+    check_choice("case", case, MICRO_CASES)
+    c = MICRO_CASES[case]
+    return dict(model=c["model"], global_batch=c["global_batch"], seq_len=c["seq_len"],
+                budget_bytes=get_gpu(c["gpu"]).usable_bytes, precision=c["precision"])
+
+
+def micro_peak(model: ModelConfig | str, micro_batch: int, global_batch: int, seq_len: int,
+               precision: str, *, accumulate: bool = True) -> int:
+    """Estimated peak bytes of a step of ``micro_batch`` sequences, with global_batch // micro_batch accumulation steps (chapter: 7).
+
+    ``accumulate=False`` estimates one micro-batch as if it were the whole step (no gradients
+    kept between micro-batches): a slip, kept for the hints and for comparison.
+    """
+    check_positive_int("micro_batch", micro_batch)
+    check_positive_int("global_batch", global_batch)
+    steps = max(1, global_batch // micro_batch) if accumulate else 1
+    return estimate(model, batch_size=micro_batch, seq_len=seq_len, precision=precision,
+                    grad_accum_steps=steps).peak_bytes
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, largest first (chapter: 7)."""
+    check_positive_int("n", n)
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+def reference_micro_batch(model: ModelConfig | str, global_batch: int, seq_len: int,
+                          budget_bytes: int, precision: str) -> tuple[int, int] | None:
+    """(micro_batch, grad_accum): the largest divisor of the global batch whose estimated peak fits the budget, or None (chapter: 7)."""
+    for m in divisors(global_batch):
+        if micro_peak(model, m, global_batch, seq_len, precision) <= budget_bytes:
+            return m, global_batch // m
+    return None
+
+
+def _largest_fit(model, global_batch, seq_len, budget_bytes, precision, candidates,
+                 accumulate=True) -> tuple[int, int] | None:
+    for m in candidates:
+        if micro_peak(model, m, global_batch, seq_len, precision, accumulate=accumulate) \
+                <= budget_bytes:
+            return m, -(-global_batch // m)
+    return None
+
+
+def micro_slips(model, global_batch, seq_len, budget_bytes, precision) -> list[tuple[object, str]]:
+    """The answers typical mistakes give for one case of exercise 7.3, each with its hint; none equal the right one (chapter: 7)."""
+    args = (model, global_batch, seq_len, budget_bytes, precision)
+    ds = divisors(global_batch)
+    expected = reference_micro_batch(*args)
+    picks = [
+        (_largest_fit(*args, ds, accumulate=False),
+         "estimate with grad_accum_steps = global_batch // micro_batch: while gradients "
+         "accumulate, the earlier micro-batches' gradients stay alive through the next forward "
+         "and backward"),
+        (_largest_fit(*args, [d for d in ds if d & (d - 1) == 0]),
+         "any divisor of the global batch will do, not only powers of two"),
+        (_largest_fit(*args, range(global_batch, 0, -1)),
+         "the micro-batch must divide the global batch, so that micro_batch x grad_accum is the "
+         "global batch"),
+        (next(((m, global_batch // m) for m in reversed(ds)
+               if micro_peak(model, m, global_batch, seq_len, precision) <= budget_bytes), None),
+         "the largest micro-batch that fits, not the smallest: fewer, larger micro-batches keep "
+         "the GPU busier for the same global batch"),
+        (None if expected is None else expected[::-1],
+         "return (micro_batch, grad_accum), in that order"),
+    ]
+    out: list[tuple[object, str]] = []
+    for value, hint in picks:
+        if value == expected:
+            continue
+        same = next((i for i, (v, _) in enumerate(out) if v == value), None)
+        if same is None:
+            out.append((value, hint))
+        elif hint not in out[same][1]:
+            out[same] = (value, f"{out[same][1]}; or {hint}")
+    return out
+
+
+def _micro_answer(value) -> tuple[int, int] | None | str:
+    """A (micro_batch, grad_accum) answer as two ints, None, or '' when it is neither."""
+    if value is None:
+        return None
+    pair = _pair(value)
+    if pair is None or any(v != int(v) for v in pair):
+        return ""
+    return int(pair[0]), int(pair[1])
+
+
+def _micro_why(got: tuple[int, int] | None, expected: tuple[int, int] | None, args: Mapping) -> str:
+    """Why ``got`` is not the answer of one case of :data:`MICRO_CASES`, when no slip names it."""
+    if got is None:
+        return "you answered None, but a micro-batch fits"
+    if expected is None:
+        return ("not even a micro-batch of one sequence fits the budget: answer None")
+    m, accum = got
+    G = args["global_batch"]
+    if m < 1 or m * accum != G:
+        return "micro_batch x grad_accum must be the global batch"
+    peak = micro_peak(args["model"], m, G, args["seq_len"], args["precision"])
+    if peak > args["budget_bytes"]:
+        return (f"at micro-batch {m} the estimated peak is {peak:,} bytes, more than the budget "
+                f"of {args['budget_bytes']:,}")
+    return "a larger micro-batch fits too: answer the largest"
+
+
+def check_micro_batch(answer):
+    """Check a choose_micro_batch(model, global_batch, seq_len, budget_bytes, precision) function on :data:`MICRO_CASES` (chapter: 7)."""
+    if not callable(answer):
+        return False, f"answer the function choose_micro_batch itself, got {type(answer).__name__}"
+    results = {}
+    for case in MICRO_CASES:
+        out, raised = _call(answer, micro_case_args(case), "choose_micro_batch")
+        if raised:
+            return False, raised
+        results[case] = out
+    if all(r is None for r in results.values()):
+        return None
+    wrong = []
+    for case, out in results.items():
+        args = micro_case_args(case)
+        got = _micro_answer(out)
+        if got == "":
+            return False, (f"choose_micro_batch on {case!r} returned {_one_line(repr(out))[:40]}: "
+                           "return (micro_batch, grad_accum), two whole numbers, or None")
+        expected = reference_micro_batch(*args.values())
+        if got == expected:
+            continue
+        hint = next((h for v, h in micro_slips(*args.values()) if v == got), "")
+        if expected is None:  # a slip may explain it, or a search that never answers None
+            why = _micro_why(got, expected, args)
+            hint = why + (f"; if your estimate said it fits: {hint}" if hint else "")
+        wrong.append(f"{case!r}: {hint or _micro_why(got, expected, args)}")
+    if not wrong:
+        return True
+    return False, f"{len(wrong)} of {len(MICRO_CASES)} not right: " + "; ".join(wrong)
+
+
+# ----------------------------------------------------------------- 7.4 the planner
+
+
+@functools.cache
+def lab_plan(model: str, gpu: str, global_batch: int, seq_len: int) -> MemoryPlan:
+    """The planner's set-ups for one case of :data:`PLAN_CASES`, on :data:`PLAN_GPU_COUNTS` GPUs (chapter: 7)."""
+    return plan_training(model, gpu, global_batch=global_batch, seq_len=seq_len,
+                         gpu_counts=PLAN_GPU_COUNTS)
+
+
+def plan_case_args(case: str) -> dict:
+    """The arguments exercise 7.4 passes for one case of :data:`PLAN_CASES`: plan, max_gpus (chapter: 7)."""
+    check_choice("case", case, PLAN_CASES)
+    c = PLAN_CASES[case]
+    return dict(plan=lab_plan(c["model"], c["gpu"], c["global_batch"], c["seq_len"]),
+                max_gpus=c["max_gpus"])
+
+
+def _qualifies(row: PlanRow, max_gpus: int) -> bool:
+    return row.trains == "full" and row.gpus <= max_gpus
+
+
+def reference_setup(plan: MemoryPlan, max_gpus: int) -> PlanRow:
+    """The cheapest row of the plan that trains the full model on at most ``max_gpus`` GPUs (chapter: 7)."""
+    check_positive_int("max_gpus", max_gpus)
+    row = next((r for r in plan.rows if _qualifies(r, max_gpus)), None)
+    if row is None:
+        raise MemlabError(f"no set-up training the full model fits {plan.gpu} on at most "
+                          f"{max_gpus} GPUs")
+    return row
+
+
+def justification(row: PlanRow) -> str:
+    """A sentence naming a row's per-GPU peak in GiB and its GPU-seconds, to one decimal (chapter: 7)."""
+    return (f"{row.label} is the cheapest set-up that trains every weight: an estimated "
+            f"{to_unit(row.per_gpu_peak_bytes, 'GiB'):.{SENTENCE_DIGITS}f} GiB per GPU and "
+            f"{row.gpu_seconds:.{SENTENCE_DIGITS}f} GPU-seconds per optimizer step.")
+
+
+def setup_slips() -> list[tuple[Callable, str]]:
+    """Typical wrong ways to pick a row of a plan, each with its hint (chapter: 7)."""
+    def among(plan, max_gpus, key, limit=True):
+        rows = [r for r in plan.rows if r.trains == "full" and (not limit or r.gpus <= max_gpus)]
+        return min(rows, key=key) if rows else None
+
+    return [
+        (lambda plan, max_gpus: next((r for r in plan.rows if r.gpus <= max_gpus), None),
+         "train the full model: LoRA and QLoRA rows train adapters only"),
+        (lambda plan, max_gpus: among(plan, max_gpus, lambda r: r.gpu_seconds, limit=False),
+         "use at most max_gpus GPUs"),
+        (lambda plan, max_gpus: among(plan, max_gpus, lambda r: r.per_gpu_peak_bytes),
+         "the cheapest set-up costs the fewest estimated GPU-seconds; the smallest per-GPU peak "
+         "is not the criterion"),
+        (lambda plan, max_gpus: among(plan, max_gpus, lambda r: r.step_s),
+         "the cost is GPU-seconds (gpus x step_s): more GPUs finish a step sooner but cost more"),
+        (lambda plan, max_gpus: among(plan, max_gpus, lambda r: -r.gpu_seconds),
+         "the rows are sorted cheapest first: take the first that qualifies, not the last"),
+    ]
+
+
+def _as_row(choice, plan: MemoryPlan) -> PlanRow | str:
+    """The row a choice names (a label, an index into plan.rows, or a row), or why it names none."""
+    if isinstance(choice, PlanRow):
+        return choice if choice in plan.rows else "that row is not one of this plan's rows"
+    if isinstance(choice, bool):
+        return f"answer a row's label or its index in plan.rows, got {choice!r}"
+    if isinstance(choice, int) or (answer_number(choice) is not None and not isinstance(choice, str)):
+        i = answer_number(choice)
+        if i != int(i) or not 0 <= i < len(plan.rows):
+            return f"index {choice!r} is not a row of plan.rows (0 to {len(plan.rows) - 1})"
+        return plan.rows[int(i)]
+    if isinstance(choice, str):
+        label = choice.strip().casefold()
+        row = next((r for r in plan.rows if r.label.casefold() == label), None)
+        return row or f"{choice!r} is not the label of a row of the plan"
+    return f"answer a row's label or its index in plan.rows, got {type(choice).__name__}"
+
+
+_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def sentence_problem(sentence, row: PlanRow) -> str:
+    """Why a sentence does not give a row's per-GPU peak in GiB and its GPU-seconds to one decimal ('' when it does) (chapter: 7)."""
+    if not isinstance(sentence, str) or not sentence.strip():
+        return f"the second value is a sentence (a string), got {type(sentence).__name__}"
+    numbers = [float(n.replace(",", "")) for n in _NUMBER.findall(sentence)]
+    tol = 0.5 * 10 ** -SENTENCE_DIGITS + 1e-9
+
+    def said(value):
+        return any(abs(n - value) <= tol for n in numbers)
+
+    peak = to_unit(row.per_gpu_peak_bytes, "GiB")
+    problems = []
+    if not said(peak):
+        if said(to_unit(row.per_gpu_peak_bytes, "GB")):
+            problems.append("give the per-GPU peak in GiB (2^30 bytes), not GB")
+        else:
+            problems.append("give its per-GPU peak in GiB to one decimal (per_gpu_peak_bytes "
+                            "/ 2**30)")
+    elif "GiB" not in sentence:
+        problems.append("name the peak's unit, GiB")
+    if not said(row.gpu_seconds):
+        if said(row.step_s) and not math.isclose(row.step_s, row.gpu_seconds):
+            problems.append("give its GPU-seconds (gpus x step_s, gpu_seconds), not the step's "
+                            "seconds")
+        else:
+            problems.append("give its estimated GPU-seconds per step to one decimal "
+                            "(gpu_seconds)")
+    return "; ".join(problems)
+
+
+def check_setup(answer):
+    """Check a pick_setup(plan, max_gpus) function: the cheapest full-training row and a sentence with its numbers (chapter: 7)."""
+    if not callable(answer):
+        return False, f"answer the function pick_setup itself, got {type(answer).__name__}"
+    results = {}
+    for case in PLAN_CASES:
+        out, raised = _call(answer, plan_case_args(case), "pick_setup")
+        if raised:
+            return False, raised
+        results[case] = out
+    if all(r is None for r in results.values()):
+        return None
+    wrong = []
+    for case, out in results.items():
+        args = plan_case_args(case)
+        plan, max_gpus = args["plan"], args["max_gpus"]
+        if isinstance(out, (str, bytes, Mapping)) or not isinstance(out, Sequence) or len(out) != 2:
+            return False, (f"pick_setup on {case!r} returned {type(out).__name__}: return "
+                           "(label or index, sentence)")
+        choice, sentence = out
+        row = _as_row(choice, plan)
+        if isinstance(row, str):
+            wrong.append(f"{case!r}: {row}")
+            continue
+        expected = reference_setup(plan, max_gpus)
+        if not (_qualifies(row, max_gpus) and close_to(row.gpu_seconds, expected.gpu_seconds,
+                                                       1e-12)):
+            hint = next((h for fn, h in setup_slips() if fn(plan, max_gpus) == row), "")
+            if not hint:
+                hint = ("that row does not train the full model" if row.trains != "full" else
+                        f"that row uses {row.gpus} GPUs, more than {max_gpus}"
+                        if row.gpus > max_gpus else
+                        "a row that qualifies costs fewer GPU-seconds")
+            wrong.append(f"{case!r}: {hint}")
+            continue
+        why = sentence_problem(sentence, row)
+        if why:
+            wrong.append(f"{case!r}: the row is right, the sentence is not: {why}")
+    if not wrong:
+        return True
+    return False, f"{len(wrong)} of {len(PLAN_CASES)} not right: " + "; ".join(wrong)
+
+
+lab = define_lab("lab07", "Trading compute for memory")
+
+lab.exercise(
+    "7.1",
+    "a step_flops_from_config(cfg, batch_size, seq_len) function giving a training step's "
+    "(forward, backward) FLOPs as PyTorch's FlopCounterMode counts them",
+    check=check_step_flops,
+    rtol=FLOP_RTOL,
+    hint="forward: 2 FLOPs per multiply-add of every matmul (the blocks' linears, the head, "
+         "attention's two); backward: twice the linears, 2.5 times SDPA's attention",
+)
+lab.exercise(
+    "7.2",
+    "an every_k_prediction(cfg, batch_size, seq_len, k, precision) function giving the saved "
+    "activation bytes and the recomputed FLOPs of checkpointing every k-th block",
+    check=check_every_k,
+    rtol=FLOP_RTOL,
+    hint="ceil(L / k) blocks keep their input and run their forward again, less their last "
+         "matmul; the other blocks keep their full list",
+)
+lab.exercise(
+    "7.3",
+    "a choose_micro_batch(model, global_batch, seq_len, budget_bytes, precision) function: the "
+    "largest micro-batch dividing the global batch whose estimated peak fits, with its "
+    "accumulation steps, or None",
+    check=check_micro_batch,
+    dimensionless=True,
+    hint="estimate(model, batch_size=m, seq_len=seq_len, precision=precision, "
+         "grad_accum_steps=global_batch // m).peak_bytes against budget_bytes, largest m first",
+)
+lab.exercise(
+    "7.4",
+    "a pick_setup(plan, max_gpus) function: the cheapest row training the full model on at most "
+    "max_gpus GPUs, and a sentence giving its per-GPU peak in GiB and its GPU-seconds",
+    check=check_setup,
+    dimensionless=True,
+    hint="the plan's rows are cheapest first: the first with trains == 'full' and gpus <= "
+         "max_gpus; per_gpu_peak_bytes / 2**30 and gpu_seconds, to one decimal",
+)
