@@ -21,15 +21,17 @@ from memlab.compute.checkpointing import (  # noqa: E402
     checkpointing_curve,
 )
 from memlab.compute.flops import matmul_parameters, palm_flops, six_nd, step_flops  # noqa: E402
+from memlab.compute.grid import (  # noqa: E402
+    GridModel,
+    GridSpec,
+    scaling_grid,
+)
 from memlab.compute.hardware import ACCELERATORS  # noqa: E402
 from memlab.compute.offload import offload_table  # noqa: E402
 from memlab.compute.plan import plan_training  # noqa: E402
 from memlab.compute.scaling import (  # noqa: E402
     CHINCHILLA_PARAMS_QUOTED,
     PUBLISHED,
-    GridModel,
-    GridSpec,
-    scaling_grid,
 )
 from memlab.errors import MemlabError  # noqa: E402
 from memlab.plot.compute import HOFFMANN_PARAMS_RANGE_QUOTED  # noqa: E402

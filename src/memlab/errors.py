@@ -25,6 +25,17 @@ def check_positive_int(what: str, value) -> int:
     return value
 
 
+def check_positive_number(what: str, value) -> float:
+    """Return ``value`` as a float if it is a finite positive number, else raise a one-line :class:`MemlabError` (chapter: all)."""
+    import math
+    from numbers import Real
+
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) \
+            or value <= 0:
+        raise MemlabError(f"{what} must be a positive number, got {value!r}")
+    return float(value)
+
+
 def require(package: str, purpose: str, extra: str | None = None):
     """Import an optional package, or raise a one-line error saying how to install it (chapter: 3)."""
     import importlib

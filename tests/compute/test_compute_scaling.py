@@ -7,24 +7,26 @@ import math
 import numpy as np
 import pytest
 
+from memlab.compute.grid import (
+    GRIDS,
+    GridModel,
+    GridSpec,
+    grid_budgets,
+    non_embedding_parameters,
+    scaling_grid,
+)
 from memlab.compute.scaling import (
     CHINCHILLA_FLOPS_QUOTED,
     CHINCHILLA_PARAMS_QUOTED,
     CHINCHILLA_TOKENS_QUOTED,
-    GRIDS,
     PARAMETERS,
     PUBLISHED,
-    GridModel,
-    GridSpec,
     ScalingFit,
     bootstrap_fit,
     budget_key,
     compute_optimal,
     fit_scaling_law,
-    grid_budgets,
     n_opt_exponent,
-    non_embedding_parameters,
-    scaling_grid,
 )
 from memlab.errors import MemlabError
 

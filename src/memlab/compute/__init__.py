@@ -28,6 +28,7 @@ from memlab.compute.flops import (  # noqa: F401
     six_nd,
     step_flops,
 )
+from memlab.compute.grid import GRIDS, ScalingGrid, scaling_grid  # noqa: F401
 from memlab.compute.hardware import (  # noqa: F401
     ACCELERATORS,
     accelerator_table,
@@ -51,6 +52,5 @@ from memlab.compute.scaling import (  # noqa: F401
     compute_optimal,
     fit_scaling_law,
     n_opt_exponent,
-    scaling_grid,
 )
 from memlab.model.checkpoint import Checkpointing, parse_checkpointing, sqrt_segments  # noqa: F401

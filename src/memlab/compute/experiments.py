@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from memlab.compute.accumulation import ACCUMULATION_SIZES, AccumulationExperiment
 from memlab.compute.checkpointing import CKPT_CI, COST_SIZES, CheckpointCosts
+from memlab.compute.grid import GRIDS, ScalingGrid
 from memlab.compute.hardware import StepMFU, TriedPeak
 from memlab.compute.offload import OffloadMeasurement, PagedOptimizerResult
-from memlab.compute.scaling import GRIDS, ScalingGrid
 from memlab.device import get_scale
 from memlab.experiments import register
 from memlab.results import kept_on_disk
@@ -137,7 +137,7 @@ def offload_run(scale: str | None = None) -> OffloadRun:
 @functools.cache
 @kept_on_disk
 def _grid(scale: str) -> ScalingGrid:
-    from memlab.compute.scaling import scaling_grid
+    from memlab.compute.grid import scaling_grid
 
     return scaling_grid(scale)
 

@@ -25,6 +25,9 @@ from matplotlib.lines import Line2D
 from memlab.compute.accumulation import AccumulationBuffer, AccumulationSweep
 from memlab.compute.checkpointing import CheckpointCosts, CheckpointCurve
 from memlab.compute.flops import matmul_parameters, palm_flops, six_nd, step_flops
+from memlab.compute.grid import (
+    ScalingGrid,
+)
 from memlab.compute.hardware import Accelerator, accelerator_table, get_accelerator
 from memlab.compute.offload import OffloadTable
 from memlab.compute.plan import MemoryPlan
@@ -34,7 +37,6 @@ from memlab.compute.scaling import (
     HOFFMANN_URL,
     PUBLISHED,
     ScalingFit,
-    ScalingGrid,
     budget_key,
     compute_optimal,
     n_opt_exponent,
@@ -513,7 +515,7 @@ def _n_opt_line(ax, fit, flops: np.ndarray, **kw) -> bool:
 def scaling_fit(grid, axes=None, title: str | None = None):
     """Held-out loss against tokens with the E-free fit; the grid's compute-optimal N against C; the quoted fits' N_opt(C) in a panel of their own (chapter: 7).
 
-    ``grid`` is a :class:`memlab.compute.scaling.ScalingGrid`. Left: the measured held-out loss
+    ``grid`` is a :class:`memlab.compute.grid.ScalingGrid`. Left: the measured held-out loss
     of every run (one colour per model size) against its tokens, the E-free fit of L(N, D) as
     lines, the task's entropy (exact) dashed and the fitted E dotted with its bootstrap
     interval shaded. Middle: N_opt(C) of both fits (E free, E fixed to the entropy) over the
