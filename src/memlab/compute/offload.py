@@ -42,7 +42,6 @@ the GPU's work.
 from __future__ import annotations
 
 import gc
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from numbers import Real
@@ -54,7 +53,13 @@ from memlab.device import device_name, pick_device
 from memlab.distributed.commtime import HOST_LINK_NAMES, LINKS, Link
 from memlab.distributed.estimate import LAYOUT_OF, estimate_sharded
 from memlab.distributed.zero import LAYOUTS, OFFLOADS, check_gpus, check_offload, check_stage
-from memlab.errors import MemlabError, check_choice, check_positive_int, require
+from memlab.errors import (
+    MemlabError,
+    check_choice,
+    check_positive_int,
+    check_positive_number,
+    require,
+)
 from memlab.gpus import get_gpu
 from memlab.measure.step import default_dtype
 from memlab.measure.timing import not_measurable
@@ -72,13 +77,6 @@ DEFAULT_STAGES = {"none": 0, "optimizer": 2, "params": 3}
 # The table's precisions, and the tensor-core format their matmuls run in (memlab.gpus peaks).
 COMPUTE_FORMAT = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16": "bf16"}
 VERDICTS = ("nothing moved", "nearly free", "comparable", "dominates")
-
-
-def _positive(what: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not value > 0 \
-            or not math.isfinite(value):
-        raise MemlabError(f"{what} must be a positive number, got {value!r}")
-    return float(value)
 
 
 def _config(model) -> ModelConfig:
@@ -149,7 +147,7 @@ def transfer_seconds(n_bytes: int, link: str) -> float:
 def compute_seconds(parameters: int, tokens: int, *, gpu: str = "H100", compute_format: str = "bf16",
                     mfu: float = 0.4, checkpointing: bool = False) -> float:
     """Seconds of a step's compute: rule_flops / (quoted tensor-core peak x mfu) (chapter: 7)."""
-    mfu = _positive("mfu", mfu)
+    mfu = check_positive_number("mfu", mfu)
     if mfu > 1:
         raise MemlabError(f"mfu must be in (0, 1], got {mfu!r}")
     peak = get_gpu(gpu).peak_ops(compute_format)
@@ -160,8 +158,8 @@ def offload_verdict(transfer_s: float, compute_s: float, *, free_below: float = 
     """'nothing moved', 'nearly free' (transfer <= free_below x compute), 'dominates' (transfer > compute) or 'comparable' (chapter: 7)."""
     if isinstance(transfer_s, bool) or not isinstance(transfer_s, Real) or transfer_s < 0:
         raise MemlabError(f"transfer_s must be a non-negative number, got {transfer_s!r}")
-    compute_s = _positive("compute_s", compute_s)
-    free_below = _positive("free_below", free_below)
+    compute_s = check_positive_number("compute_s", compute_s)
+    free_below = check_positive_number("free_below", free_below)
     if free_below >= 1:
         raise MemlabError(f"free_below must be below 1 (a fraction of the compute time), "
                           f"got {free_below!r}")
@@ -355,12 +353,12 @@ class OffloadedAdamW:
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise MemlabError("OffloadedAdamW needs at least one parameter with requires_grad")
-        self.lr = _positive("lr", lr)
+        self.lr = check_positive_number("lr", lr)
         if not (isinstance(betas, tuple) and len(betas) == 2
                 and all(isinstance(b, Real) and 0 <= b < 1 for b in betas)):
             raise MemlabError(f"betas must be two numbers in [0, 1), got {betas!r}")
         self.betas = (float(betas[0]), float(betas[1]))
-        self.eps = _positive("eps", eps)
+        self.eps = check_positive_number("eps", eps)
         if isinstance(weight_decay, bool) or not isinstance(weight_decay, Real) \
                 or weight_decay < 0:
             raise MemlabError(f"weight_decay must be a non-negative number, got {weight_decay!r}")

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from numbers import Real
 
 from memlab.distributed.zero import COMM_FACTOR, check_gpus, check_stage
-from memlab.errors import MemlabError, check_choice
+from memlab.errors import MemlabError, check_choice, check_positive_number
 
 
 @dataclass(frozen=True)
@@ -76,12 +76,6 @@ def _link(name: str) -> Link:
     return LINKS[name]
 
 
-def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not value > 0:
-        raise MemlabError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
-
-
 def per_gpu_bandwidth(gpus: int, *, gpus_per_node: int = FSDP_PAPER_GPUS_PER_NODE,
                       intra: str = "a100-nvlink3", inter: str = "fsdp-paper-roce") -> float:
     """Bytes/s one GPU sends at in a ring over ``gpus`` GPUs: NVLink within a node, its share of the node's network across nodes (chapter: 6)."""
@@ -108,7 +102,7 @@ def comm_seconds(parameters: int, stage: int, gpus: int, *, bytes_per_value: int
     stage, gpus = check_stage(stage), check_gpus(gpus)
     if isinstance(parameters, bool) or not isinstance(parameters, int) or parameters < 0:
         raise MemlabError(f"parameters must be a non-negative integer, got {parameters!r}")
-    _positive("bytes_per_value", bytes_per_value)
+    check_positive_number("bytes_per_value", bytes_per_value)
     if isinstance(hop_latency_s, bool) or not isinstance(hop_latency_s, Real) or hop_latency_s < 0:
         raise MemlabError(f"hop_latency_s must be a non-negative number, got {hop_latency_s!r}")
     if gpus == 1:
@@ -152,10 +146,10 @@ def throughput_model(parameters: int, tokens_per_gpu: int, gpus_list, *, stage: 
     """
     if isinstance(tokens_per_gpu, bool) or not isinstance(tokens_per_gpu, int) or tokens_per_gpu < 1:
         raise MemlabError(f"tokens_per_gpu must be a positive integer, got {tokens_per_gpu!r}")
-    mfu = _positive("mfu", mfu)
+    mfu = check_positive_number("mfu", mfu)
     if mfu > 1:
         raise MemlabError(f"mfu is a fraction of the peak, between 0 and 1, got {mfu!r}")
-    peak_flops = _positive("peak_flops", peak_flops)
+    peak_flops = check_positive_number("peak_flops", peak_flops)
     if not isinstance(overlap, bool):
         raise MemlabError(f"overlap must be True or False, got {overlap!r}")
     gpus_list = [check_gpus(n) for n in gpus_list]
