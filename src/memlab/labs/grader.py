@@ -237,7 +237,7 @@ class Lab:
             message = f"{_MARKS[NOT_ATTEMPTED]} {ex.id} not attempted ({detail})"
         else:
             message = f"{_MARKS[NOT_YET]} {ex.id} not yet: {detail}"
-        result = CheckResult(self.name, ex.id, status, _one_line(message))
+        result = CheckResult(self.name, ex.id, status, one_line(message))
         self.results[ex.id] = result
         print(result.message)
         _append_report(result)
@@ -286,8 +286,19 @@ def parse_check_line(line: str) -> tuple[str, str] | None:
     return None
 
 
-def _one_line(text: str) -> str:
+def one_line(text) -> str:
+    """``text`` (or an exception) on one line, runs of white space made one space (chapter: all)."""
     return " ".join(str(text).split())
+
+
+def call_learner(fn: Callable, args: Mapping, name: str,
+                 show: Callable[[Any], str] = repr) -> tuple[Any, str]:
+    """``fn`` called with ``args``' values in order, and '', or None and a one-line message saying what it raised (chapter: all)."""
+    try:
+        return fn(*args.values()), ""
+    except Exception as exc:
+        shown = ", ".join(f"{k}={show(v)}" for k, v in args.items())
+        return None, f"{name}({shown}) raised {type(exc).__name__}: {one_line(exc)}"
 
 
 def _append_report(result: CheckResult) -> None:
@@ -333,7 +344,7 @@ def _judge(ex: Exercise, answer: Any, context: Mapping[str, Any]) -> tuple[str, 
     blank = [k for k, v in context.items() if _is_blank(v)]
     if blank:
         return NOT_ATTEMPTED, f"{', '.join(blank)} is None: fill in the cell that sets it"
-    hint = _one_line(ex.hint)
+    hint = one_line(ex.hint)
     expected = _call_with_context(ex.expected, (), context) if ex.expected is not None else None
     if ex.check is not None:
         extra = {"rtol": ex.rtol, **context}
@@ -345,13 +356,13 @@ def _judge(ex: Exercise, answer: Any, context: Mapping[str, Any]) -> tuple[str, 
         except Exception as exc:
             return NOT_YET, _join(
                 f"could not check an answer of type {type(answer).__name__} "
-                f"({type(exc).__name__}: {_one_line(exc)})",
+                f"({type(exc).__name__}: {one_line(exc)})",
                 hint,
             )
         if verdict is None:
             return NOT_ATTEMPTED, "replace None with your answer"
         ok, why = verdict if isinstance(verdict, tuple) else (verdict, "")
-        return (CORRECT, "") if ok else (NOT_YET, _join(_one_line(why or ""), hint))
+        return (CORRECT, "") if ok else (NOT_YET, _join(one_line(why or ""), hint))
     ok, why = _compare(answer, expected, float(ex.rtol), units=not ex.dimensionless)
     return (CORRECT, "") if ok else (NOT_YET, _join(why, hint))
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from memlab.errors import MemlabError
-from memlab.labs.grader import answer_keys_problem, answer_number, define_lab
+from memlab.labs.grader import answer_keys_problem, answer_number, define_lab, one_line
 from memlab.model.transformer import PRESETS, ModelConfig
 from memlab.precision.formats import spec
 from memlab.quant.functional import (
@@ -282,17 +282,13 @@ def _close(a: float, b: float, rtol: float = 1e-5) -> bool:
     return math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=rtol, abs_tol=1e-12)
 
 
-def _one_line(text) -> str:
-    return " ".join(str(text).split())
-
-
 def _call(fn: Callable, name: str, *args):
     """``fn(*args)``, or a (False, hint) verdict naming the exception it raised."""
     try:
         return fn(*args), None
     except Exception as exc:
         shown = ", ".join(["x"] + [repr(a) for a in args[1:]])
-        return None, (False, f"{name}({shown}) raised {type(exc).__name__}: {_one_line(exc)}")
+        return None, (False, f"{name}({shown}) raised {type(exc).__name__}: {one_line(exc)}")
 
 
 def _codes_tensor(codes, shape) -> tuple[torch.Tensor | None, str]:

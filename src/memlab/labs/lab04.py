@@ -34,6 +34,7 @@ from memlab.labs.grader import (
     define_lab,
     merged_slips,
     named_slip,
+    one_line,
 )
 from memlab.memory.inference import DTYPE_BYTES
 from memlab.model.flash import online_softmax_update
@@ -76,10 +77,6 @@ STAND_IN = dict(T=64, similarity=0.9, query_scale=2.0, seed=0)
 
 def _config(model: ModelConfig | str) -> ModelConfig:
     return model if isinstance(model, ModelConfig) else get_config(model)
-
-
-def _one_line(text) -> str:
-    return " ".join(str(text).split())
 
 
 # --------------------------------------------------------------- 4.1 online softmax
@@ -199,7 +196,7 @@ def check_online_softmax(answer, rtol: float = SOFTMAX_RTOL):
             out = answer(m.clone(), l.clone(), x_block.clone())
         except Exception as exc:
             return False, (f"online_softmax_update(m, l, x_block) raised {type(exc).__name__}: "
-                           f"{_one_line(exc)}")
+                           f"{one_line(exc)}")
         got = _step_outputs(out, rows)
         if got is None:
             return None

@@ -39,6 +39,7 @@ from memlab.labs.grader import (
     define_lab,
     merged_slips,
     named_slip,
+    one_line,
 )
 from memlab.memory.training import PARAM_BYTES, MemoryEstimate
 from memlab.model.transformer import ModelConfig, get_config
@@ -90,10 +91,6 @@ PRECISION_BASE = {"bf16-mixed": "fp32", "bf16": "bf16"}  # how each precision st
 
 def _config(model: ModelConfig | str) -> ModelConfig:
     return model if isinstance(model, ModelConfig) else get_config(model)
-
-
-def _one_line(text) -> str:
-    return " ".join(str(text).split())
 
 
 # ------------------------------------------------------- 5.1 LoRA's trainable parameters
@@ -263,7 +260,7 @@ def check_lora_forward(answer, rtol: float = FORWARD_RTOL):
         out = call(t["A"], t["B"])
     except Exception as exc:
         raised = (f"lora_linear(x, weight, bias, A, B, alpha, r) raised {type(exc).__name__}: "
-                  f"{_one_line(exc)}")
+                  f"{one_line(exc)}")
         try:  # the same function with A and B passed in each other's place
             swapped = answer_tensor(call(t["B"], t["A"]))
         except Exception:

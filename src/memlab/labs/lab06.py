@@ -32,6 +32,7 @@ from memlab.gpus import get_gpu
 from memlab.labs.grader import (
     answer_keys_problem,
     answer_number,
+    call_learner,
     close_to,
     define_lab,
     merged_slips,
@@ -99,19 +100,6 @@ TIMELINE_QUESTIONS = {
                                 "gathered bytes reach their largest value",
 }
 BLOCKS_RTOL = 0.01  # the ratios; the bytes are exact
-
-
-def _one_line(text) -> str:
-    return " ".join(str(text).split())
-
-
-def _call(fn: Callable, args: Mapping, name: str) -> tuple[object, str]:
-    """``fn`` called with ``args``' values in order, and '', or None and a one-line message saying what it raised."""
-    try:
-        return fn(*args.values()), ""
-    except Exception as exc:
-        shown = ", ".join(f"{k}={v!r}" for k, v in args.items())
-        return None, f"{name}({shown}) raised {type(exc).__name__}: {_one_line(exc)}"
 
 
 def _shown(args: Mapping) -> str:
@@ -210,7 +198,7 @@ def check_per_rank(answer):
     cases = per_rank_cases()
     results = []
     for args in cases:
-        out, raised = _call(answer, args, "per_rank_bytes")
+        out, raised = call_learner(answer, args, "per_rank_bytes")
         if raised:
             return False, raised
         results.append(out)
@@ -293,7 +281,7 @@ def check_sent(answer, rtol: float = SENT_RTOL):
     cases = sent_cases()
     results = []
     for args in cases:
-        out, raised = _call(answer, args, "bytes_sent_per_step")
+        out, raised = call_learner(answer, args, "bytes_sent_per_step")
         if raised:
             return False, raised
         results.append(out)
@@ -404,7 +392,7 @@ def check_smallest(answer):
         return False, f"answer the function smallest_n itself, got {type(answer).__name__}"
     results = {}
     for key, case in FIT_CASES.items():
-        out, raised = _call(answer, case, "smallest_n")
+        out, raised = call_learner(answer, case, "smallest_n")
         if raised:
             return False, raised
         results[key] = out

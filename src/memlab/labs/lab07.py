@@ -23,7 +23,7 @@ from memlab.compute.flops import ATTENTION_BACKWARD, matmul_parameters, step_flo
 from memlab.compute.plan import MemoryPlan, PlanRow, plan_training
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.gpus import get_gpu
-from memlab.labs.grader import answer_number, close_to, define_lab
+from memlab.labs.grader import answer_number, call_learner, close_to, define_lab, one_line
 from memlab.measure.step import trace_step
 from memlab.memory.training import estimate, saved_tensors
 from memlab.model.train import PRECISIONS
@@ -85,19 +85,6 @@ PLAN_CASES = {
                                                 global_batch=64, seq_len=2048, max_gpus=8),
 }
 SENTENCE_DIGITS = 1  # the sentence's numbers: GiB and GPU-seconds to one decimal
-
-
-def _one_line(text) -> str:
-    return " ".join(str(text).split())
-
-
-def _call(fn: Callable, args: Mapping, name: str) -> tuple[object, str]:
-    """``fn`` called with ``args``' values in order, and '', or None and a one-line message saying what it raised."""
-    try:
-        return fn(*args.values()), ""
-    except Exception as exc:
-        shown = ", ".join(f"{k}={_show(v)}" for k, v in args.items())
-        return None, f"{name}({shown}) raised {type(exc).__name__}: {_one_line(exc)}"
 
 
 def _show(value) -> str:
@@ -239,7 +226,7 @@ def check_step_flops(answer, rtol: float = FLOP_RTOL):
                        f"{type(answer).__name__}")
     results = {}
     for case in FLOP_CASES:
-        out, raised = _call(answer, flop_case_args(case), "step_flops_from_config")
+        out, raised = call_learner(answer, flop_case_args(case), "step_flops_from_config", show=_show)
         if raised:
             return False, raised
         results[case] = out
@@ -394,7 +381,7 @@ def check_every_k(answer, rtol: float = FLOP_RTOL):
         return False, f"answer the function every_k_prediction itself, got {type(answer).__name__}"
     results = {}
     for case in EVERY_K_CASES:
-        out, raised = _call(answer, every_k_args(case), "every_k_prediction")
+        out, raised = call_learner(answer, every_k_args(case), "every_k_prediction", show=_show)
         if raised:
             return False, raised
         results[case] = out
@@ -545,7 +532,7 @@ def check_micro_batch(answer):
         return False, f"answer the function choose_micro_batch itself, got {type(answer).__name__}"
     results = {}
     for case in MICRO_CASES:
-        out, raised = _call(answer, micro_case_args(case), "choose_micro_batch")
+        out, raised = call_learner(answer, micro_case_args(case), "choose_micro_batch", show=_show)
         if raised:
             return False, raised
         results[case] = out
@@ -556,7 +543,7 @@ def check_micro_batch(answer):
         args = micro_case_args(case)
         got = _micro_answer(out)
         if got == "":
-            return False, (f"choose_micro_batch on {case!r} returned {_one_line(repr(out))[:40]}: "
+            return False, (f"choose_micro_batch on {case!r} returned {one_line(repr(out))[:40]}: "
                            "return (micro_batch, grad_accum), two whole numbers, or None")
         expected = reference_micro_batch(*args.values())
         if got == expected:
@@ -688,7 +675,7 @@ def check_setup(answer):
         return False, f"answer the function pick_setup itself, got {type(answer).__name__}"
     results = {}
     for case in PLAN_CASES:
-        out, raised = _call(answer, plan_case_args(case), "pick_setup")
+        out, raised = call_learner(answer, plan_case_args(case), "pick_setup", show=_show)
         if raised:
             return False, raised
         results[case] = out
