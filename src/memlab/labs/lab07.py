@@ -95,6 +95,19 @@ def _show(value) -> str:
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else repr(value)
 
 
+def _answers(answer: Callable, cases, args_of: Callable, name: str):
+    """The learner's answer on every case, and ``...``; or a verdict already: what it raised, or None (not attempted: None everywhere)."""
+    results = {}
+    for case in cases:
+        out, raised = call_learner(answer, args_of(case), name, show=_show)
+        if raised:
+            return {}, (False, raised)
+        results[case] = out
+    if all(r is None for r in results.values()):
+        return {}, None
+    return results, ...
+
+
 def _pair(value) -> tuple[float, float] | None:
     """Two real numbers from a 2-sequence, else None."""
     if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence) or len(value) != 2:
@@ -224,14 +237,9 @@ def check_step_flops(answer, rtol: float = FLOP_RTOL):
     if not callable(answer):
         return False, (f"answer the function step_flops_from_config itself, got "
                        f"{type(answer).__name__}")
-    results = {}
-    for case in FLOP_CASES:
-        out, raised = call_learner(answer, flop_case_args(case), "step_flops_from_config", show=_show)
-        if raised:
-            return False, raised
-        results[case] = out
-    if all(r is None for r in results.values()):
-        return None
+    results, verdict = _answers(answer, FLOP_CASES, flop_case_args, "step_flops_from_config")
+    if verdict is not ...:
+        return verdict
     wrong = []
     for case, out in results.items():
         got = _pair(out)
@@ -379,14 +387,9 @@ def check_every_k(answer, rtol: float = FLOP_RTOL):
     """Check an every_k_prediction(cfg, batch_size, seq_len, k, precision) function against estimate and step_flops (chapter: 7)."""
     if not callable(answer):
         return False, f"answer the function every_k_prediction itself, got {type(answer).__name__}"
-    results = {}
-    for case in EVERY_K_CASES:
-        out, raised = call_learner(answer, every_k_args(case), "every_k_prediction", show=_show)
-        if raised:
-            return False, raised
-        results[case] = out
-    if all(r is None for r in results.values()):
-        return None
+    results, verdict = _answers(answer, EVERY_K_CASES, every_k_args, "every_k_prediction")
+    if verdict is not ...:
+        return verdict
     wrong = {0: [], 1: []}  # by element: saved bytes, recomputed FLOPs
     first = None
     for case, out in results.items():
@@ -530,14 +533,9 @@ def check_micro_batch(answer):
     """Check a choose_micro_batch(model, global_batch, seq_len, budget_bytes, precision) function on :data:`MICRO_CASES` (chapter: 7)."""
     if not callable(answer):
         return False, f"answer the function choose_micro_batch itself, got {type(answer).__name__}"
-    results = {}
-    for case in MICRO_CASES:
-        out, raised = call_learner(answer, micro_case_args(case), "choose_micro_batch", show=_show)
-        if raised:
-            return False, raised
-        results[case] = out
-    if all(r is None for r in results.values()):
-        return None
+    results, verdict = _answers(answer, MICRO_CASES, micro_case_args, "choose_micro_batch")
+    if verdict is not ...:
+        return verdict
     wrong = []
     for case, out in results.items():
         args = micro_case_args(case)
@@ -673,14 +671,9 @@ def check_setup(answer):
     """Check a pick_setup(plan, max_gpus) function: the cheapest full-training row and a sentence with its numbers (chapter: 7)."""
     if not callable(answer):
         return False, f"answer the function pick_setup itself, got {type(answer).__name__}"
-    results = {}
-    for case in PLAN_CASES:
-        out, raised = call_learner(answer, plan_case_args(case), "pick_setup", show=_show)
-        if raised:
-            return False, raised
-        results[case] = out
-    if all(r is None for r in results.values()):
-        return None
+    results, verdict = _answers(answer, PLAN_CASES, plan_case_args, "pick_setup")
+    if verdict is not ...:
+        return verdict
     wrong = []
     for case, out in results.items():
         args = plan_case_args(case)
