@@ -117,12 +117,17 @@ class DequantizedLinear(nn.Linear):
 
 
 def bnb_linear(linear: nn.Linear, scheme: str, device: torch.device,
-               compute_dtype: torch.dtype = torch.float32) -> nn.Module:
+               compute_dtype: torch.dtype = torch.float32,
+               cpu_path: str = "dequantize") -> nn.Module:
     """``linear`` as the bitsandbytes module of an int8, LLM.int8(), NF4 or FP4 scheme, on ``device`` (chapter: 3).
 
     ``compute_dtype`` is the dtype a 4-bit layer dequantizes its weight to and multiplies in
     (fp32 for the chapter's comparison, so that only the weight's rounding differs).
+    ``cpu_path`` is the path a 4-bit layer takes on a CPU (:mod:`memlab.quant.cpu_paths`):
+    ``dequantize`` by default, so the arithmetic is the same on every CPU.
     """
+    from memlab.quant.cpu_paths import use_cpu_path
+
     bnb = require("bitsandbytes", f"the {scheme} scheme", extra="quant")
     has_bias = linear.bias is not None
     if scheme in ("int8", "llm-int8"):
@@ -134,7 +139,7 @@ def bnb_linear(linear: nn.Linear, scheme: str, device: torch.device,
                               compute_dtype=compute_dtype, compress_statistics=scheme == "nf4-dq",
                               quant_type="fp4" if scheme == "fp4" else "nf4")
     m.load_state_dict(linear.state_dict())
-    return m.to(device).eval()  # moving it to the device quantizes the weight
+    return use_cpu_path(m.to(device).eval(), cpu_path)  # moving it to the device quantizes it
 
 
 @dataclass
