@@ -187,3 +187,17 @@ def test_estimate_inference_bad_input_is_one_line(capsys, cli_error, extra, matc
 def test_inference_options_need_inference(capsys, cli_error):
     cli_error(["estimate", "--model", "tiny", "--batch-size", "1", "--seq-len", "64",
                "--new-tokens", "4"], "need --inference")
+
+
+@pytest.mark.parametrize("argv", [
+    ["estimate", "--model", "llama2-7b", "--batch-size", "1", "--seq-len", "2048"],
+    ["list"],
+    ["bits", "3.14159"],
+])
+def test_a_closed_pipe_ends_quietly(argv):
+    """``memlab … | head``: the reader has gone before memlab writes; no traceback, exit 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "memlab", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first write
+    _, err = proc.communicate(timeout=120)
+    assert err.decode() == "" and proc.returncode == 0

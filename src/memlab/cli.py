@@ -17,6 +17,7 @@ Bad input prints one line, ``memlab: error: …`` naming the accepted values, an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -451,6 +452,20 @@ def main(argv: list[str] | None = None) -> int:
     except json.JSONDecodeError as exc:  # pragma: no cover
         print(f"memlab: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of our output closed it (``memlab … | head``): stop quietly, as a pipe's writer does.
+
+    Standard output is pointed at the null device, so that the flush at exit finds no closed
+    pipe to complain about; the exit status is 0, since nothing went wrong on our side.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
