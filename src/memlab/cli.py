@@ -10,6 +10,12 @@
                                                  one of N data-parallel GPUs (ZeRO, FSDP)
     memlab trace    (the same options)           measure under FakeTensorMode instead
     memlab bits <value> [--format <fmt>] [--json] how a value is stored (all formats by default)
+    memlab record --budget S --out DIR [--device cuda|cpu] [--scale full|ci] [--only A,B]
+                  [--skip-recorded] [--archive FILE] [--dry-run] [--json]
+                                                 one pass over every experiment this device
+                                                 measures, a process each, within S seconds
+    memlab check-records [DIR] [--label]         every record held to the registry and its code
+    memlab unpack-records ARCHIVE [--results DIR] a pass's records copied into results/
 
 Bad input prints one line, ``memlab: error: …`` naming the accepted values, and exits 2.
 """
@@ -39,7 +45,8 @@ def _build_parser() -> argparse.ArgumentParser:
     from memlab.experiments import experiments
 
     p = _Parser(prog="memlab", description="Measure the memory of LLM training steps.")
-    sub = p.add_subparsers(dest="command", metavar="{env,list,run,estimate,trace,plan,bits}",
+    sub = p.add_subparsers(dest="command", metavar="{env,list,run,estimate,trace,plan,bits,"
+                                                    "record,check-records,unpack-records}",
                            parser_class=_Parser)
     sub.add_parser("env", help="print the device, versions and scale")
     sub.add_parser("list", help="list the experiments")
@@ -54,7 +61,100 @@ def _build_parser() -> argparse.ArgumentParser:
     _plan_options(sub.add_parser("plan", help="list the training set-ups that fit a GPU, "
                                               "cheapest first"))
     _bits_options(sub.add_parser("bits", help="show the bits and stored value of a number"))
+    _record_options(sub.add_parser("record", help="record every experiment this device "
+                                                  "measures, one process each, within a budget"))
+    check = sub.add_parser("check-records", help="check stored records against the registry, "
+                                                 "their hashes and the code they name")
+    check.add_argument("folder", nargs="?", default=None, help="a folder of records (default: "
+                                                               "results/)")
+    check.add_argument("--label", action="store_true",
+                       help="write into each record what it lacks, so its page says so")
+    unpack = sub.add_parser("unpack-records", help="copy the records of a pass's archive into "
+                                                   "results/")
+    unpack.add_argument("archive", help="the archive a pass wrote (record-pass.tar.gz)")
+    unpack.add_argument("--results", default=None, help="where to (default: results/)")
     return p
+
+
+def _record_options(p: argparse.ArgumentParser) -> None:
+    from memlab.device import SCALES
+    from memlab.record import PASS_DEVICES
+
+    p.add_argument("--budget", type=float, required=True,
+                   help="seconds the whole pass may take; it stops itself there")
+    p.add_argument("--out", default=None, help="folder for the records, logs, summary and "
+                                               "archive (needed unless --dry-run)")
+    p.add_argument("--device", default=None,
+                   help=f"one of: {', '.join(PASS_DEVICES)} (default: cuda where torch sees "
+                        "a GPU, else cpu)")
+    p.add_argument("--scale", default="full", help=f"one of: {', '.join(SCALES)} (default full)")
+    p.add_argument("--only", default=None, help="comma-separated experiments (default: all "
+                                                "this device measures)")
+    p.add_argument("--skip-recorded", action="store_true",
+                   help="leave out experiments with a record on this kind of device at this "
+                        "scale (in --out or results/)")
+    p.add_argument("--archive", default=None, help="the archive's path (default: "
+                                                   "OUT/record-pass.tar.gz)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and run nothing")
+    p.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
+
+
+def _cmd_record(args, argv: list[str]) -> int:
+    """``memlab record``: plan a pass, print it, and run it unless --dry-run."""
+    from memlab.record import PASS_DEVICES, check_cuda_pass, plan_pass, run_pass, summary_table
+
+    device = args.device
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_choice("device", device, PASS_DEVICES)
+    if not args.dry_run and args.out is None:
+        raise MemlabError("record needs --out DIR (or --dry-run to print the plan)")
+    if not args.dry_run and device == "cuda":
+        check_cuda_pass()
+    if args.out is not None:
+        _writable_folder(args.out)
+    plan = plan_pass(device=device, budget_s=args.budget, scale=args.scale.strip().lower(),
+                     only=args.only, skip_recorded=args.skip_recorded, out=args.out)
+    if args.dry_run:
+        print(json.dumps(plan.as_dict()) if args.json else plan.table())
+        return 0
+    print(plan.table(), flush=True)
+    command = "python -m memlab " + " ".join(shlex.quote(a) for a in argv)
+    rows = run_pass(plan, args.out, archive=args.archive, command=command)
+    print(summary_table(rows))
+    return 0
+
+
+def _cmd_check_records(args) -> int:
+    """``memlab check-records``: one line per record with a problem; exit 1 if any."""
+    from memlab.record_check import check_records, label_record
+    from memlab.results import results_dir
+
+    folder = Path(args.folder) if args.folder else results_dir()
+    checks = check_records(folder)
+    if args.label:
+        checks = [label_record(folder / c.path) if not c.ok else c for c in checks]
+    bad = [c for c in checks if not c.ok]
+    for c in bad:
+        print(c.line(), file=sys.stderr)
+    labelled = sum(bool(c.labelled) for c in checks if c.ok)
+    print(f"{len(checks) - len(bad)} of {len(checks)} records in {folder} check out"
+          + (f" ({labelled} labelled with what they lack)" if labelled else ""))
+    return 1 if bad else 0
+
+
+def _cmd_unpack(args) -> int:
+    from memlab.record import unpack_archive
+    from memlab.results import results_dir
+
+    written = unpack_archive(args.archive, args.results or results_dir())
+    for path in written:
+        print(f"wrote {path}")
+    if not written:
+        print(f"{args.archive} holds no records")
+    return 0
 
 
 def _plan_options(p: argparse.ArgumentParser) -> None:
@@ -444,6 +544,12 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_plan(args)
         if args.command == "bits":
             return _cmd_bits(args)
+        if args.command == "record":
+            return _cmd_record(args, argv)
+        if args.command == "check-records":
+            return _cmd_check_records(args)
+        if args.command == "unpack-records":
+            return _cmd_unpack(args)
         _build_parser().print_help()
         return 0
     except MemlabError as exc:

@@ -13,10 +13,12 @@ with ``MEMLAB_DEVICE`` (``cuda``, ``mps`` or ``cpu``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import random
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import torch
@@ -62,6 +64,21 @@ def pick_device(prefer: str | torch.device | None = None) -> torch.device:
     if _mps_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def forced_device(kind: str) -> Iterator[None]:
+    """Within the block, :func:`pick_device` answers ``kind`` (as ``$MEMLAB_DEVICE`` would) (chapter: all)."""
+    check_choice("device", kind, DEVICES)
+    old = os.environ.get(DEVICE_ENV)
+    os.environ[DEVICE_ENV] = kind
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(DEVICE_ENV, None)
+        else:
+            os.environ[DEVICE_ENV] = old
 
 
 def get_scale(scale: str | None = None, device: torch.device | None = None) -> str:

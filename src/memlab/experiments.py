@@ -8,18 +8,27 @@ runs one without Jupyter and stores the result with its provenance.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from memlab.device import get_scale
+from memlab.device import forced_device, get_scale, pick_device
 from memlab.errors import MemlabError, check_choice
+
+NEEDS = ("cuda", "cpu", "any")
+# cuda: only a GPU measures what it is for (CUDA events, the caching allocator, GPU kernels);
+#       elsewhere it returns a status saying so, and no record is written.
+# any:  it measures on every device, and a GPU record shows what the CPU run cannot.
+# cpu:  its numbers do not depend on the device (traces on fake tensors, formulas, runs the
+#       book keeps from the CPU): it runs on the CPU, on any machine, and is a CPU record.
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """A named experiment: what it measures, which chapter shows it, its sizes per scale and result type."""
+    """A named experiment: what it measures, which chapter shows it, its sizes per scale and result type,
+    the device it needs, what a full-scale run costs on a GPU, and how early a GPU pass runs it."""
 
     name: str
     chapter: str
@@ -27,6 +36,14 @@ class Experiment:
     fn: Callable[[str], object]
     sizes: dict  # scale -> keyword arguments (or a config dataclass)
     result: type  # the frozen dataclass the experiment returns
+    needs: str = "any"  # one of NEEDS
+    cost_s: float = 60.0  # estimated seconds of a full-scale run on one GPU, start-up included
+    priority: int = 100  # a GPU pass runs lower numbers first: placeholders a reader meets first
+    gpus: int = 1  # GPUs a run on CUDA needs
+
+    def run_device(self) -> str:
+        """Where a run of it does its work here: ``cpu`` for a device-independent one, else this process's device."""
+        return "cpu" if self.needs == "cpu" else pick_device().type
 
 
 EXPERIMENTS: dict[str, Experiment] = {}  # filled by discover(); read it through experiments()
@@ -50,11 +67,14 @@ def _is_frozen_dataclass(tp) -> bool:
             and tp.__dataclass_params__.frozen)
 
 
-def register(name: str, *, chapter: str, summary: str, sizes: dict, result: type):
+def register(name: str, *, chapter: str, summary: str, sizes: dict, result: type, needs: str,
+             cost_s: float, priority: int, gpus: int = 1):
     """Decorator adding an experiment function to the registry (chapter: all).
 
     ``result`` is the frozen dataclass the function returns; a record must be able to store
-    every field of it, which is checked here, at import, not after a long run.
+    every field of it, which is checked here, at import, not after a long run. ``needs`` (one of
+    :data:`NEEDS`), ``cost_s`` (estimated seconds at full scale on one GPU, until a record
+    gives the measured ones) and ``priority`` plan a GPU pass (``memlab record``).
     """
     from memlab.device import SCALES
     from memlab.results import writable_type
@@ -65,10 +85,16 @@ def register(name: str, *, chapter: str, summary: str, sizes: dict, result: type
     if set(sizes) != set(SCALES):
         raise MemlabError(f"experiment {name!r}: sizes must name every scale ({', '.join(SCALES)}), "
                           f"got {', '.join(sizes)}")
+    check_choice(f"needs of experiment {name!r}", needs, NEEDS)
+    if not (isinstance(cost_s, (int, float)) and cost_s > 0):
+        raise MemlabError(f"experiment {name!r}: cost_s must be positive seconds, got {cost_s!r}")
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise MemlabError(f"experiment {name!r}: priority must be an integer, got {priority!r}")
 
     def wrap(fn):
         EXPERIMENTS[name] = Experiment(name=name, chapter=chapter, summary=summary, fn=fn,
-                                       sizes=sizes, result=result)
+                                       sizes=sizes, result=result, needs=needs,
+                                       cost_s=float(cost_s), priority=priority, gpus=gpus)
         return fn
 
     return wrap
@@ -91,18 +117,45 @@ def describe_sizes(size) -> str:
     return str(size)
 
 
+def check_recordable(exp: Experiment) -> None:
+    """Refuse, in one line, to write a record this device cannot make (chapter: all).
+
+    An experiment that needs a GPU measures nothing on a CPU (it returns a status): there is
+    nothing to record.
+    """
+    here = exp.run_device()
+    if exp.needs == "cuda" and here != "cuda":
+        raise MemlabError(f"{exp.name} measures on a CUDA GPU only and this process runs on "
+                          f"{here}: nothing to record; run it without --out to see its status")
+
+
 def run_experiment(name: str, scale: str | None = None, out: str | Path | None = None,
                    command: str | None = None):
-    """Run an experiment, optionally store its record under ``out``; returns ``(result, record, path)`` (chapter: all)."""
+    """Run an experiment, optionally store its record under ``out``; returns ``(result, record, path)`` (chapter: all).
+
+    The record's device is where the work ran (:meth:`Experiment.run_device`): a
+    device-independent experiment run on a GPU machine is a CPU record.
+    """
+    import time
+
+    import torch
+
     from memlab.results import make_record, save_record
 
     exp = get_experiment(name)
     scale = get_scale(scale)
-    result = exp.fn(scale)
+    if out is not None:
+        check_recordable(exp)
+    start = time.perf_counter()
+    with forced_device("cpu") if exp.needs == "cpu" else contextlib.nullcontext():
+        result = exp.fn(scale)
+    wall = time.perf_counter() - start
     if not isinstance(result, exp.result):
         raise MemlabError(f"experiment {name!r} returned a {type(result).__name__}, "
                           f"not its declared {exp.result.__name__}")
-    record = make_record(name, scale, result, command=command)
+    device = torch.device("cpu") if exp.needs == "cpu" else pick_device()
+    record = make_record(name, scale, result, command=command, device=device, wall_s=wall,
+                         sizes=exp.sizes[scale])
     path = save_record(record, out) if out is not None else None
     return result, record, path
 

@@ -38,28 +38,118 @@ def results_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "results"
 
 
-def _git_commit() -> str | None:
+# Which code made a record ----------------------------------------------------------------------
+SOURCE_SUFFIXES = (".py", ".js")  # the library's source: its Python and the pages' scripts
+PACKAGES = ("torch", "bitsandbytes", "peft", "accelerate", "triton", "numpy")  # versions recorded
+GIT_COMMIT_ENV = "MEMLAB_GIT_COMMIT"  # where the tree has no .git (a copy sent to a GPU machine)
+GIT_DIRTY_ENV = "MEMLAB_GIT_DIRTY"
+
+
+def package_root() -> Path:
+    """The folder of the memlab package (chapter: all)."""
+    return Path(__file__).resolve().parent
+
+
+def source_files(root: Path | None = None) -> list[Path]:
+    """The library's source files, sorted: what :func:`source_sha256` hashes (chapter: all)."""
+    root = root or package_root()
+    return sorted(p for p in root.rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file()
+                  and "__pycache__" not in p.parts)
+
+
+def hash_sources(files: list[tuple[str, bytes]]) -> str:
+    """sha256 over ``(path relative to the package, bytes)`` pairs, in path order (chapter: all)."""
+    h = hashlib.sha256()
+    for rel, data in sorted(files):
+        h.update(rel.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    return h.hexdigest()
+
+
+@functools.cache
+def source_sha256() -> str:
+    """A hash of the library's source as it is on disk: every ``.py`` and ``.js`` file (chapter: all).
+
+    Two records with the same hash were made by the same code, whatever git said; with
+    :func:`git_state` it lets ``memlab check-records`` hold a record to the commit it names.
+    """
+    root = package_root()
+    return hash_sources([(p.relative_to(root).as_posix(), p.read_bytes())
+                         for p in source_files(root)])
+
+
+def _git(*args: str, cwd: Path | None = None) -> str | None:
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
+        out = subprocess.run(["git", *args], cwd=cwd or package_root(), capture_output=True,
+                             text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
-def provenance(device: torch.device | None = None, command: str | None = None) -> dict:
-    """Where, when and how a result was produced: device, versions, date, command (chapter: all)."""
+def git_state() -> tuple[str | None, bool | None]:
+    """The commit the library's tree is at and whether tracked files differ from it (chapter: all).
+
+    From git when the tree is a checkout; else from ``$MEMLAB_GIT_COMMIT`` and
+    ``$MEMLAB_GIT_DIRTY`` (``0`` or ``1``), which the GPU call sets for the copy it sends;
+    else ``(None, None)``.
+    """
+    commit = _git("rev-parse", "HEAD")
+    if commit:
+        status = _git("status", "--porcelain", "--untracked-files=no", "--", ".")
+        return commit, None if status is None else bool(status)
+    commit = os.environ.get(GIT_COMMIT_ENV) or None
+    dirty = os.environ.get(GIT_DIRTY_ENV)
+    return commit, None if dirty not in ("0", "1") else dirty == "1"
+
+
+def memlab_version() -> str:
+    """memlab's version: the installed distribution's, else the package's own ``__version__`` (chapter: all)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        __version__ = version("memlab")
-    except PackageNotFoundError:  # pragma: no cover - running from a source tree
-        __version__ = "unknown"
+        return version("memlab")
+    except PackageNotFoundError:  # run from a source tree (PYTHONPATH=src)
+        import memlab
+
+        return memlab.__version__
+
+
+def package_versions() -> dict[str, str | None]:
+    """Versions of the packages a record's numbers depend on, and CUDA's; None where absent (chapter: all)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    out["torch"] = torch.__version__  # the one imported, whatever the metadata on the path says
+    out["cuda"] = torch.version.cuda
+    return out
+
+
+def code_provenance() -> dict:
+    """Which code this process runs: memlab's version, the commit and whether it was dirty, the source hash, the packages (chapter: all)."""
+    commit, dirty = git_state()
+    return {
+        "python_version": platform.python_version(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "memlab_version": memlab_version(),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "source_sha256": source_sha256(),
+        "packages": package_versions(),
+    }
+
+
+def provenance(device: torch.device | None = None, command: str | None = None,
+               wall_s: float | None = None) -> dict:
+    """Where, when, how and by which code a result was produced (chapter: all).
+
+    ``device`` is where the work ran (a trace on fake tensors ran on the CPU, whatever the
+    machine has); ``wall_s`` is how long the experiment took.
+    """
     device = device or pick_device()
     return {
         "device": device.type,
@@ -67,10 +157,8 @@ def provenance(device: torch.device | None = None, command: str | None = None) -
         "device_memory_bytes": device_memory_bytes(device),
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda if device.type == "cuda" else None,
-        "python_version": platform.python_version(),
-        "platform": f"{platform.system()} {platform.machine()}",
-        "memlab_version": __version__,
-        "git_commit": _git_commit(),
+        **code_provenance(),
+        "wall_s": None if wall_s is None else round(float(wall_s), 3),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command or " ".join(shlex.quote(a) for a in sys.argv),
     }
@@ -153,32 +241,42 @@ class Record:
     result: dict
     provenance: dict
     path: Path | None = field(default=None, compare=False)
+    sizes: object = None  # the experiment's sizes at this scale, as JSON (None: not recorded)
 
     @property
     def label(self) -> str:
-        """How a page labels this record, e.g. ``'recorded on NVIDIA H100 80GB HBM3, 2026-11-22'``."""
+        """How a page labels this record, e.g. ``'recorded on NVIDIA H100 80GB HBM3, 2026-11-22'``.
+
+        A record that lacks something a record now carries says so:
+        ``'…; lacks: source_sha256, wall_s'``.
+        """
         day = str(self.provenance.get("date", ""))[:10]
-        return f"recorded on {self.provenance.get('device_name', '?')}, {day}"
+        lacks = self.provenance.get("lacks")
+        tail = f"; lacks: {', '.join(lacks)}" if lacks else ""
+        return f"recorded on {self.provenance.get('device_name', '?')}, {day}{tail}"
 
     def to_json(self) -> str:
         """The record as the JSON text stored in ``results/``."""
-        body = {
-            "experiment": self.experiment,
-            "scale": self.scale,
-            "result": self.result,
-            "provenance": self.provenance,
-        }
+        body = {"experiment": self.experiment, "scale": self.scale}
+        if self.sizes is not None:
+            body["sizes"] = self.sizes
+        body |= {"result": self.result, "provenance": self.provenance}
         return json.dumps(body, indent=2, sort_keys=False) + "\n"
 
 
-def make_record(experiment: str, scale: str, result, *, device=None, command=None) -> Record:
-    """Wrap an experiment's result dataclass with its provenance (chapter: all)."""
-    return Record(
-        experiment=experiment,
-        scale=scale,
-        result=_jsonable(result),
-        provenance=provenance(device, command),
-    )
+def result_sha256(result: dict) -> str:
+    """A hash of a record's result as JSON, keys sorted: a number edited later no longer matches (chapter: all)."""
+    text = json.dumps(result, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def make_record(experiment: str, scale: str, result, *, device=None, command=None,
+                wall_s: float | None = None, sizes=None) -> Record:
+    """Wrap an experiment's result dataclass with its sizes and provenance (chapter: all)."""
+    body = _jsonable(result)
+    prov = provenance(device, command, wall_s) | {"result_sha256": result_sha256(body)}
+    return Record(experiment=experiment, scale=scale, result=body, provenance=prov,
+                  sizes=None if sizes is None else _jsonable(sizes, "sizes"))
 
 
 def _slug(text: str) -> str:
@@ -208,6 +306,7 @@ def load_record(path: str | Path) -> Record:
         result=body["result"],
         provenance=body["provenance"],
         path=path,
+        sizes=body.get("sizes"),
     )
 
 
@@ -233,13 +332,8 @@ CACHE_DIR_ENV = "MEMLAB_CACHE_DIR"
 
 @functools.cache
 def library_fingerprint() -> str:
-    """A hash of memlab's source files and torch's version: what a kept result depends on (chapter: all)."""
-    h = hashlib.sha256(torch.__version__.encode())
-    root = Path(__file__).resolve().parent
-    for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()[:16]
+    """A hash of memlab's source (:func:`source_sha256`) and torch's version: what a kept result depends on (chapter: all)."""
+    return hashlib.sha256(f"{torch.__version__}|{source_sha256()}".encode()).hexdigest()[:16]
 
 
 def kept_on_disk(fn):

@@ -34,7 +34,7 @@ def _memory(scale: str) -> MemorySweep:
 @register("attention-memory", chapter=_CH4,
           summary="bytes saved for backward and peak of one causal attention call against T: "
                   "naive, the book's FlashAttention, each SDPA backend",
-          sizes=MEMORY_SIZES, result=MemorySweep)
+          sizes=MEMORY_SIZES, result=MemorySweep, needs="any", cost_s=60, priority=45)
 def attention_memory_sweep(scale: str | None = None) -> MemorySweep:
     """Saved and peak bytes of every attention implementation against T (chapter: 4)."""
     return _memory(get_scale(scale))
@@ -54,7 +54,7 @@ def _flops(scale: str) -> FlopSweep:
 @register("attention-flops", chapter=_CH4,
           summary="forward and backward FLOPs counted by FlopCounterMode for naive attention, "
                   "the book's FlashAttention and SDPA, causal and not",
-          sizes=FLOP_SIZES, result=FlopSweep)
+          sizes=FLOP_SIZES, result=FlopSweep, needs="cpu", cost_s=15, priority=220)
 def attention_flops_sweep(scale: str | None = None) -> FlopSweep:
     """FLOPs of each implementation against T, and causal at the shortest T (chapter: 4)."""
     return _flops(get_scale(scale))
@@ -71,7 +71,7 @@ TIME_SIZES = {
 @register("attention-time", chapter=_CH4,
           summary="time of one forward + backward against T for each attention implementation "
                   "this device offers",
-          sizes=TIME_SIZES, result=TimeSweep)
+          sizes=TIME_SIZES, result=TimeSweep, needs="any", cost_s=60, priority=16)
 def attention_time_sweep(scale: str | None = None) -> TimeSweep:
     """Median forward + backward milliseconds of each implementation against T (chapter: 4)."""
     from memlab.attention.sweep import time_sweep
@@ -99,7 +99,7 @@ def _step(scale: str) -> StepComparison:
 @register("attention-step", chapter=_CH4,
           summary="a training step with eager, SDPA and the book's FlashAttention: a small model "
                   "measured, Llama-2-7B estimated (and traced at full scale) from 2k to 32k tokens",
-          sizes=STEP_SIZES, result=StepComparison)
+          sizes=STEP_SIZES, result=StepComparison, needs="cpu", cost_s=150, priority=230)
 def attention_step(scale: str | None = None) -> StepComparison:
     """Saved activations, attention's share and the peak of a step for each attention (chapter: 4)."""
     return _step(get_scale(scale))
@@ -111,7 +111,7 @@ GQA_SIZES = {scale: dict(steps=GQA_STEPS[scale]) for scale in ("ci", "full")}  #
 @register("gqa", chapter=_CH4,
           summary="the book's model trained with multi-head, grouped-query and multi-query "
                   "attention: parameters, KV-cache bytes, activations, held-out loss",
-          sizes=GQA_SIZES, result=GqaComparison)
+          sizes=GQA_SIZES, result=GqaComparison, needs="any", cost_s=200, priority=310)
 def gqa(scale: str | None = None) -> GqaComparison:
     """MHA vs GQA vs MQA trained on the same batches (chapter: 4)."""
     from memlab.attention.gqa import gqa_comparison
@@ -123,7 +123,7 @@ def gqa(scale: str | None = None) -> GqaComparison:
 @register("fusion-block", chapter=_CH4,
           summary="one transformer block eager against torch.compile: kernels, bytes of "
                   "intermediates, time per step, compile time",
-          sizes=FUSION_SIZES, result=FusionComparison)
+          sizes=FUSION_SIZES, result=FusionComparison, needs="any", cost_s=90, priority=35)
 def fusion_block(scale: str | None = None) -> FusionComparison:
     """A compiled block against eager on this device, or the reason it cannot compile (chapter: 4)."""
     from memlab.attention.fusion import fusion_comparison

@@ -29,7 +29,7 @@ def _costs(scale: str) -> CheckpointCosts:
           summary="The book's model stepped for real with no, selective, every-K, segments-K and "
                   "full checkpointing: saved bytes and peak measured beside the estimate, FLOPs "
                   "counted with and without the checkpoint's early stop, time per step measured",
-          sizes=COST_SIZES, result=CheckpointCosts)
+          sizes=COST_SIZES, result=CheckpointCosts, needs="any", cost_s=120, priority=50)
 def checkpointing_costs_experiment(scale: str | None = None) -> CheckpointCosts:
     """Each checkpointing plan's bytes, FLOPs and time on this device (chapter: 7)."""
     return _costs(get_scale(scale))
@@ -47,7 +47,7 @@ def _accumulation(scale: str) -> AccumulationExperiment:
           summary="Peak memory against the micro-batch at a fixed global batch (measured and "
                   "estimated), the same update as one large batch, and the fp32 accumulation "
                   "buffer beside 16-bit gradients",
-          sizes=ACCUMULATION_SIZES, result=AccumulationExperiment)
+          sizes=ACCUMULATION_SIZES, result=AccumulationExperiment, needs="any", cost_s=60, priority=55)
 def accumulation_run(scale: str | None = None) -> AccumulationExperiment:
     """Gradient accumulation measured on this device (chapter: 7)."""
     return _accumulation(get_scale(scale))
@@ -93,7 +93,7 @@ def _mfu(scale: str) -> MFURun:
           summary="Model FLOPs utilisation: a training step's counted FLOPs over its measured "
                   "time, against a large matmul tried on the same device (and, on a GPU, the "
                   "quoted dense datasheet peak)",
-          sizes=MFU_SIZES, result=MFURun)
+          sizes=MFU_SIZES, result=MFURun, needs="any", cost_s=45, priority=18)
 def mfu_run(scale: str | None = None) -> MFURun:
     """A step's MFU on this device (chapter: 7)."""
     return _mfu(get_scale(scale))
@@ -128,7 +128,7 @@ def _offload(scale: str) -> OffloadRun:
           summary="Optimizer states kept in host memory by a from-scratch offloaded AdamW (GPU "
                   "peak against torch's AdamW, bytes over the host link counted) and bitsandbytes' "
                   "paged AdamW; both need a GPU to save anything, and say so elsewhere",
-          sizes=OFFLOAD_SIZES, result=OffloadRun)
+          sizes=OFFLOAD_SIZES, result=OffloadRun, needs="cuda", cost_s=60, priority=24)
 def offload_run(scale: str | None = None) -> OffloadRun:
     """Offload measured on this device, or its status where nothing can be saved (chapter: 7)."""
     return _offload(get_scale(scale))
@@ -146,7 +146,7 @@ def _grid(scale: str) -> ScalingGrid:
           summary="A grid of the book's models trained for several run lengths on a Markov chain "
                   "whose best loss is exact; L(N, D) = E + A/N^alpha + B/D^beta fitted with E free "
                   "and E fixed to the entropy, bootstrapped, and the compute-optimal split",
-          sizes=GRIDS, result=ScalingGrid)
+          sizes=GRIDS, result=ScalingGrid, needs="any", cost_s=300, priority=330)
 def scaling_grid_run(scale: str | None = None) -> ScalingGrid:
     """The scaling grid trained and fitted on this device (chapter: 7)."""
     return _grid(get_scale(scale))

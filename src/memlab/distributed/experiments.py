@@ -38,7 +38,7 @@ def _memory(scale: str) -> DistributedMemory:
           summary="DDP, ZeRO-1, ZeRO-2, ZeRO-3, hybrid sharding and CPU offload trained on N "
                   "processes (torchrun; gloo or NCCL): each rank's bytes by category, its peak, "
                   "the bytes of every collective, and the losses and weights against one process",
-          sizes=MEMORY_SIZES, result=DistributedMemory)
+          sizes=MEMORY_SIZES, result=DistributedMemory, needs="any", cost_s=150, priority=60)
 def distributed_memory_experiment(scale: str | None = None) -> DistributedMemory:
     """Every strategy on N ranks, held to the ZeRO formulas and to one process (chapter: 6).
 
@@ -64,7 +64,7 @@ def _parallel(scale: str) -> ParallelismResult:
           summary="tensor parallelism of one block and pipeline parallelism (GPipe) of the model "
                   "on 2 ranks: the output against one process, each rank's share of the weights, "
                   "the collectives, and the pipeline's bubble against (p-1)/(m+p-1)",
-          sizes=PARALLEL_SIZES, result=ParallelismResult)
+          sizes=PARALLEL_SIZES, result=ParallelismResult, needs="any", cost_s=90, priority=62, gpus=2)
 def distributed_parallel(scale: str | None = None) -> ParallelismResult:
     """Tensor and pipeline parallelism on two ranks, each against one process (chapter: 6).
 
@@ -99,7 +99,7 @@ def _traced(scale: str) -> TracedGrid:
           summary="one rank of Llama-2 7B and 70B sharded by FSDP2 over 8 and 64 ranks, traced in "
                   "one process on fake tensors (a fake process group, FSDPMemTracker), with the "
                   "estimator's per-GPU peak beside each",
-          sizes=TRACED_SIZES, result=TracedGrid)
+          sizes=TRACED_SIZES, result=TracedGrid, needs="cpu", cost_s=60, priority=270)
 def distributed_traced(scale: str | None = None) -> TracedGrid:
     """Per-rank peaks of big sharded models, traced and estimated (chapter: 6)."""
     return _traced(get_scale(scale))
@@ -109,7 +109,7 @@ def distributed_traced(scale: str | None = None) -> TracedGrid:
           summary="DeepSpeed's ZeRO stages 1-3 (the reference implementation; optional, CPU with "
                   "gloo) on the chapter's model and 4 ranks: each rank's bytes beside PyTorch's "
                   "strategies and the formulas; run from the command line, kept as a record",
-          sizes=DEEPSPEED_SIZES, result=DeepSpeedComparison)
+          sizes=DEEPSPEED_SIZES, result=DeepSpeedComparison, needs="cpu", cost_s=120, priority=280)
 def distributed_deepspeed(scale: str | None = None) -> DeepSpeedComparison:
     """DeepSpeed's three stages against FSDP2 and ZeroRedundancyOptimizer (chapter: 6)."""
     from memlab.distributed.deepspeed_zero import deepspeed_comparison
@@ -122,7 +122,7 @@ def distributed_deepspeed(scale: str | None = None) -> DeepSpeedComparison:
           summary="Hugging Face accelerate on this machine: on CPUs, DDP through "
                   "Accelerator(cpu=True) and an FSDP request that splits nothing (refused in one "
                   "line); on GPUs, the FSDP2 config file; each beside one process",
-          sizes=ACCELERATE_SIZES, result=AccelerateResult)
+          sizes=ACCELERATE_SIZES, result=AccelerateResult, needs="any", cost_s=90, priority=65)
 def distributed_accelerate(scale: str | None = None) -> AccelerateResult:
     """accelerate's launches on this machine's devices, each beside one process (chapter: 6)."""
     from memlab.distributed.accel import accelerate_experiment

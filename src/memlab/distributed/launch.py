@@ -20,11 +20,9 @@ What can go wrong is turned into one line each:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memlab.errors import MemlabError
+from memlab.procs import stop_tree
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_TIMEOUT_S = 120.0  # a whole launch: start-up is 15-20 s on 2 cores
@@ -88,56 +87,6 @@ def _failure(out: Path, rc: int, stderr: str) -> str:
         return f"rank {rank} failed: {first.read_text().strip().splitlines()[-1]}"
     tail = [ln for ln in stderr.strip().splitlines() if ln.strip()][-3:]
     return f"torchrun exited with {rc}: " + " | ".join(tail)
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid``, read from /proc (empty where there is no /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):  # gone meanwhile
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _kill(procs: list[subprocess.Popen]) -> None:
-    """Stop every torchrun and every rank it started; returns when they are gone.
-
-    torchrun starts each rank in a session of its own, so a signal to torchrun's group does
-    not reach them: torchrun is asked to stop them (SIGTERM), and any left are killed by pid.
-    """
-    ranks = [c for p in procs if p.poll() is None for c in _descendants(p.pid)]
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-    for pid in ranks:
-        with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10.0
-    for pid in ranks:  # wait until each is gone (or a zombie: dead, waiting to be reaped)
-        while time.monotonic() < deadline and _alive(pid):
-            time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def launch_device(nproc: int, nnodes: int = 1) -> str:
@@ -209,11 +158,11 @@ def launch(target: str, spec: dict | None = None, *, nproc: int = 4, nnodes: int
                 left = max(timeout_s - (time.perf_counter() - start), 0.1)
                 outputs.append(p.communicate(timeout=left))
         except subprocess.TimeoutExpired:
-            _kill(procs)
+            stop_tree(procs)
             raise MemlabError(f"the launch of {target} on {nnodes * nproc} processes did not "
                               f"finish in {timeout_s:g} s and was stopped") from None
         finally:
-            _kill(procs)  # a no-op when all have exited
+            stop_tree(procs)  # a no-op when all have exited
         wall = time.perf_counter() - start
         bad = [(p.returncode, err) for p, (_, err) in zip(procs, outputs, strict=True)
                if p.returncode != 0]

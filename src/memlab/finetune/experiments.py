@@ -22,7 +22,7 @@ COMPARE_SIZES = {scale: dict(steps=STEPS[scale]) for scale in ("ci", "full")}
           summary="the chapter 3 model fine-tuned on a new chain with every set-up (full, last "
                   "block, LoRA at two ranks and on every linear, QLoRA): memory by category, "
                   "time, trainable parameters, held-out loss",
-          sizes=COMPARE_SIZES, result=FinetuneComparison)
+          sizes=COMPARE_SIZES, result=FinetuneComparison, needs="any", cost_s=300, priority=320)
 def finetune_compare(scale: str | None = None) -> FinetuneComparison:
     """Every set-up from the same start on the same batches (chapter: 5)."""
     from memlab.finetune.compare import finetune_comparison
@@ -34,7 +34,7 @@ def finetune_compare(scale: str | None = None) -> FinetuneComparison:
 @register("finetune-lr", chapter=_CH5,
           summary="every fine-tuning set-up at 1, 4 and 10 times the base learning rate: the "
                   "held-out loss after the same steps, which picks the fine-tuning learning rate",
-          sizes=COMPARE_SIZES, result=LrSweep)
+          sizes=COMPARE_SIZES, result=LrSweep, needs="any", cost_s=400, priority=325)
 def finetune_lr(scale: str | None = None) -> LrSweep:
     """Held-out loss of each set-up at each learning-rate factor (chapter: 5)."""
     from memlab.finetune.compare import lr_sweep
@@ -62,7 +62,7 @@ def _fit(scale: str) -> FitTable:
 @register("finetune-fit", chapter=_CH5,
           summary="Llama-2 7B, 13B and 70B with each fine-tuning set-up, checkpointing off and on: "
                   "estimated peaks (traced at full scale) against the GPU catalogue",
-          sizes=FIT_SIZES, result=FitTable)
+          sizes=FIT_SIZES, result=FitTable, needs="cpu", cost_s=150, priority=240)
 def finetune_fit(scale: str | None = None) -> FitTable:
     """Which GPU fits which set-up of which model (chapter: 5)."""
     return _fit(get_scale(scale))
@@ -75,7 +75,7 @@ CONTEXT_SIZES = {scale: dict(model="llama2-7b", lengths=(512, 1024, 2048, 4096, 
 @register("finetune-context", chapter=_CH5,
           summary="LoRA against full fine-tuning of Llama-2-7B as the context grows, and how "
                   "little rank and target modules move LoRA's peak (estimated)",
-          sizes=CONTEXT_SIZES, result=ContextSweep)
+          sizes=CONTEXT_SIZES, result=ContextSweep, needs="cpu", cost_s=10, priority=250)
 def finetune_context(scale: str | None = None) -> ContextSweep:
     """Full and LoRA peaks against T, and LoRA's peak by rank and targets (chapter: 5)."""
     from memlab.finetune.plan import context_sweep
@@ -90,7 +90,7 @@ FLOPS_SIZES = {"ci": dict(model="tiny", batch_size=2, seq_len=32),
 @register("finetune-flops", chapter=_CH5,
           summary="forward and backward FLOPs of a step counted by FlopCounterMode: full, last "
                   "block, LoRA on q and v at two ranks and on every linear",
-          sizes=FLOPS_SIZES, result=FlopsTable)
+          sizes=FLOPS_SIZES, result=FlopsTable, needs="cpu", cost_s=15, priority=250)
 def finetune_flops(scale: str | None = None) -> FlopsTable:
     """FLOPs per step of each set-up (chapter: 5)."""
     from memlab.finetune.flops import flops_table
@@ -104,7 +104,7 @@ REFERENCE_SIZES = {scale: dict(r=8) for scale in ("ci", "full")}
 @register("finetune-reference", chapter=_CH5,
           summary="the chapter 3 model with LoRA adapters switched off against the base model: "
                   "the logits bit for bit, adapters kept apart and merged, and a copy's bytes",
-          sizes=REFERENCE_SIZES, result=ReferenceResult)
+          sizes=REFERENCE_SIZES, result=ReferenceResult, needs="cpu", cost_s=20, priority=260)
 def finetune_reference(scale: str | None = None) -> ReferenceResult:
     """Adapters off against the base, unmerged and merged (chapter: 5)."""
     from memlab.finetune.reference import reference_experiment
@@ -120,7 +120,7 @@ TWENTY_B_SIZES = {scale: dict(gpu="L4", batch_size=1, seq_len=512, r=16)
 @register("finetune-20b", chapter=_CH5,
           summary="GPT-NeoX-20B's shapes with an int8 or NF4 base and LoRA on every linear, "
                   "checkpointing off and on, against a 24 GB card (estimated)",
-          sizes=TWENTY_B_SIZES, result=TwentyB)
+          sizes=TWENTY_B_SIZES, result=TwentyB, needs="cpu", cost_s=10, priority=260)
 def finetune_20b(scale: str | None = None) -> TwentyB:
     """A 20B model's LoRA peaks with a quantized base (chapter: 5)."""
     from memlab.finetune.plan import twenty_b

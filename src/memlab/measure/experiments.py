@@ -18,6 +18,7 @@ STEP_SIZES = {
     summary="peak memory of one AdamW training step, by category, measured on this device",
     sizes=STEP_SIZES,
     result=StepMemory,
+    needs="any", cost_s=20, priority=10,
 )
 def step_memory(scale: str | None = None, *, precision: str = "fp32", optimizer: str = "adamw"):
     """A real training step's bytes by category, measured on this device, as ``StepMemory`` (chapter: 0)."""
@@ -46,6 +47,7 @@ TRACE_SIZES = {
     summary="a Llama-2-7B AdamW training step traced under FakeTensorMode, nothing allocated",
     sizes=TRACE_SIZES,
     result=StepMemory,
+    needs="cpu", cost_s=20, priority=200,
 )
 def trace_7b(scale: str | None = None, *, precision: str = "fp32", optimizer: str = "adamw"):
     """A Llama-2-7B training step's bytes by category, traced without allocating, as ``StepMemory`` (chapter: 0)."""

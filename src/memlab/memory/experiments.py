@@ -95,6 +95,7 @@ def _accuracy_grid(scale: str):
     sizes={"ci": dict(grid="small models, 64 configurations"),
            "full": dict(grid="adds Llama-2-7B and Llama-3-8B at seq 2048")},
     result=AccuracyResult,
+    needs="cpu", cost_s=90, priority=210,
 )
 def estimator_accuracy(scale: str | None = None, *, measured: bool = False) -> AccuracyResult:
     """Estimate vs trace over precisions, optimizers, attention, checkpointing, GQA and sizes (chapter: 1).
@@ -186,6 +187,7 @@ def _process_bytes(device) -> int | None:
     summary="bytes of loaded weights vs parameters x bytes/value, and what the process adds",
     sizes=LOAD_SIZES,
     result=LoadResult,
+    needs="any", cost_s=45, priority=12,
 )
 def load_memory(scale: str | None = None) -> LoadResult:
     """Load models in fp32 and bf16; compare the allocator and the process with the formula (chapter: 1)."""

@@ -27,6 +27,7 @@ MIXED_SIZES = {
             "loss, gradient underflow, memory by mode",
     sizes=MIXED_SIZES,
     result=MixedPrecisionResult,
+    needs="any", cost_s=150, priority=40,
 )
 def mixed_precision(scale: str | None = None):
     """Five precision modes trained on the same data: curves, underflow, memory, step times (chapter: 2)."""
@@ -47,6 +48,7 @@ FP8_SIZES = {
     summary="an fp8 (e4m3) matmul through torch._scaled_mm against bf16: TFLOP/s and error",
     sizes=FP8_SIZES,
     result=Fp8Matmul,
+    needs="cuda", cost_s=20, priority=20,
 )
 def fp8_matmul(scale: str | None = None):
     """fp8 against bf16 matmul speed and error on this GPU, or a 'not measurable' status (chapter: 2)."""

@@ -27,6 +27,7 @@ class QuantizationResult:
             "error; outlier features and LLM.int8()",
     sizes=QM_SIZES,
     result=QuantizationResult,
+    needs="any", cost_s=400, priority=300,
 )
 def quantization(scale: str | None = None) -> QuantizationResult:
     """Schemes compared on the trained model, and the outlier study (chapter: 3)."""
@@ -48,6 +49,7 @@ QUANT_SPEED_SIZES = {
     summary="bitsandbytes int8, LLM.int8() and NF4 linear layers against bf16: forward time",
     sizes=QUANT_SPEED_SIZES,
     result=QuantSpeed,
+    needs="cuda", cost_s=40, priority=14,
 )
 def quant_speed(scale: str | None = None):
     """Quantized linear-layer speed against bf16 on this GPU, or a 'not measurable' status (chapter: 3)."""
