@@ -112,12 +112,22 @@ def test_registering_an_unwritable_or_mutable_result_is_refused():
 
     with pytest.raises(MemlabError, match="result must be a frozen dataclass"):
         ex.register("bad", chapter="chapters/x", summary="", sizes={"ci": {}, "full": {}},
-                    result=Mutable)
+                    result=Mutable, **PASS)
     with pytest.raises(MemlabError, match=r"cannot write HoldsModule\.m: a Module"):
         ex.register("bad", chapter="chapters/x", summary="", sizes={"ci": {}, "full": {}},
-                    result=HoldsModule)
+                    result=HoldsModule, **PASS)
     with pytest.raises(MemlabError, match="sizes must name every scale"):
-        ex.register("bad", chapter="chapters/x", summary="", sizes={"ci": {}}, result=ex.experiments()["load-memory"].result)
+        ex.register("bad", chapter="chapters/x", summary="", sizes={"ci": {}},
+                    result=ex.experiments()["load-memory"].result, **PASS)
+    good = dict(chapter="chapters/x", summary="", sizes={"ci": {}, "full": {}},
+                result=ex.experiments()["load-memory"].result)
+    with pytest.raises(MemlabError, match="unknown needs of experiment 'bad' 'gpu'; accepted: "
+                                          "cuda, cpu, any"):
+        ex.register("bad", **good, **dict(PASS, needs="gpu"))
+    with pytest.raises(MemlabError, match="cost_s must be positive seconds"):
+        ex.register("bad", **good, **dict(PASS, cost_s=0))
+    with pytest.raises(MemlabError, match="priority must be an integer"):
+        ex.register("bad", **good, **dict(PASS, priority=1.5))
     assert "bad" not in ex.EXPERIMENTS
 
 
@@ -128,10 +138,21 @@ def test_a_result_of_the_wrong_type_is_refused(monkeypatch):
         ex.run_experiment("trace-7b", "ci")
 
 
+PASS = dict(needs="any", cost_s=10, priority=100)  # what a GPU pass needs to know
+
+
 def _run_cli(name, tmp_path, monkeypatch, capsys):
     from memlab.cli import main
 
     monkeypatch.setenv("MEMLAB_DEVICE", "cpu")
+    if ex.experiments()[name].needs == "cuda":  # measures nothing here: a status, no record
+        assert main(["run", name, "--scale", "ci"]) == 0
+        assert "cpu" in capsys.readouterr().out
+        assert main(["run", name, "--scale", "ci", "--out", str(tmp_path)]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"memlab: error: {name} measures on a CUDA GPU only and this process runs on cpu: "
+            "nothing to record; run it without --out to see its status")
+        return
     assert main(["run", name, "--scale", "ci", "--out", str(tmp_path)]) == 0
     files = list((tmp_path / name).glob("ci-*.json"))
     assert len(files) == 1, files

@@ -4,11 +4,10 @@ The library behind the memlab book. Chapters import it; experiments also run fro
 command line (``python -m memlab run <experiment> --scale full --out results/``).
 """
 
+from memlab._version import __version__
 from memlab.device import env_report, get_scale, pick_device, seed_all
 from memlab.errors import MemlabError
 from memlab.model.transformer import ModelConfig, build_model, get_config
-
-__version__ = "0.1.0"
 
 __all__ = [
     "MemlabError",

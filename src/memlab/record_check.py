@@ -37,10 +37,10 @@ from memlab.errors import MemlabError
 from memlab.experiments import experiments
 from memlab.results import (
     SOURCE_SUFFIXES,
-    _jsonable,
-    _slug,
     hash_sources,
+    jsonable,
     package_root,
+    record_name,
     result_sha256,
 )
 
@@ -198,12 +198,12 @@ def check_record(path: str | Path, *, root: str | Path | None = None) -> RecordC
     elif exp.needs == "cpu" and device != "cpu":
         problems.append(f"{name} runs on the CPU wherever it is run, and this record says "
                         f"{device}")
-    expected = f"{scale}-{_slug(str(prov.get('device_name') or device or 'device'))}.json"
+    expected = record_name(scale, str(prov.get("device_name") or device or "device"))
     if path.name != expected:
         problems.append(f"its file name should be {expected} (scale and device)")
     if "sizes" not in body:
         lacks.append("sizes")
-    elif scale in exp.sizes and body["sizes"] != _jsonable(exp.sizes[scale], "sizes"):
+    elif scale in exp.sizes and body["sizes"] != jsonable(exp.sizes[scale], "sizes"):
         problems.append(f"made at other sizes than {name}'s {scale} scale has today "
                         "(re-record it)")
     _field_issues(body["result"], exp.result, "result", lacks, problems)

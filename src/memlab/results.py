@@ -109,9 +109,9 @@ def memlab_version() -> str:
     try:
         return version("memlab")
     except PackageNotFoundError:  # run from a source tree (PYTHONPATH=src)
-        import memlab
+        from memlab._version import __version__
 
-        return memlab.__version__
+        return __version__
 
 
 def package_versions() -> dict[str, str | None]:
@@ -167,27 +167,27 @@ def provenance(device: torch.device | None = None, command: str | None = None,
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
 
-def _jsonable(obj, where: str = "result"):
-    """``obj`` as JSON-safe Python: dataclasses and dicts by field, tensors and arrays as lists.
+def jsonable(obj, where: str = "result"):
+    """``obj`` as JSON-safe Python (chapter: all): dataclasses and dicts by field, tensors and arrays as lists.
 
     Anything else is refused with a one-line :class:`MemlabError` naming where it sits.
     """
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _jsonable(getattr(obj, f.name), f"{where}.{f.name}")
+        return {f.name: jsonable(getattr(obj, f.name), f"{where}.{f.name}")
                 for f in dataclasses.fields(obj)}
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v, f"{where}[{k!r}]") for k, v in obj.items()}
+        return {str(k): jsonable(v, f"{where}[{k!r}]") for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        return [jsonable(v, f"{where}[{i}]") for i, v in enumerate(obj)]
     if isinstance(obj, torch.Tensor):
         if obj.is_sparse or obj.device.type == "meta" or obj.is_complex():
             raise MemlabError(f"cannot write {where}: a {obj.layout}/{obj.device.type}/{obj.dtype} "
                               "tensor; accepted: dense real tensors")
-        return _jsonable(obj.detach().cpu().tolist(), where)
+        return jsonable(obj.detach().cpu().tolist(), where)
     if isinstance(obj, (torch.dtype, torch.device, Path)):
         return str(obj)
     if type(obj).__module__ == "numpy":  # numpy scalars and arrays, without importing numpy
-        return _jsonable(obj.tolist(), where)
+        return jsonable(obj.tolist(), where)
     if isinstance(obj, float) and obj != obj:  # NaN is not JSON
         return None
     if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
@@ -273,21 +273,26 @@ def result_sha256(result: dict) -> str:
 def make_record(experiment: str, scale: str, result, *, device=None, command=None,
                 wall_s: float | None = None, sizes=None) -> Record:
     """Wrap an experiment's result dataclass with its sizes and provenance (chapter: all)."""
-    body = _jsonable(result)
+    body = jsonable(result)
     prov = provenance(device, command, wall_s) | {"result_sha256": result_sha256(body)}
     return Record(experiment=experiment, scale=scale, result=body, provenance=prov,
-                  sizes=None if sizes is None else _jsonable(sizes, "sizes"))
+                  sizes=None if sizes is None else jsonable(sizes, "sizes"))
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
 
 
+def record_name(scale: str, device_name: str) -> str:
+    """A record's file name: ``<scale>-<device, lower case, dashes>.json`` (chapter: all)."""
+    return f"{scale}-{_slug(device_name)}.json"
+
+
 def save_record(record: Record, out_dir: str | Path | None = None) -> Path:
     """Write a record to ``<out_dir>/<experiment>/<scale>-<device>.json`` and return the path (chapter: all)."""
     out_dir = Path(out_dir) if out_dir is not None else results_dir()
     dev = record.provenance.get("device_name") or record.provenance.get("device", "device")
-    path = out_dir / record.experiment / f"{record.scale}-{_slug(dev)}.json"
+    path = out_dir / record.experiment / record_name(record.scale, dev)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(record.to_json())
