@@ -1,0 +1,82 @@
+"""The notebook executor the GPU call uses, run here over every notebook on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from memlab.nbexec import cell_source, code_cells, done_in, notebooks_under, run_notebooks
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = notebooks_under([ROOT / "chapters", ROOT / "labs", ROOT / "appendix"])
+
+
+def _notebook(path: Path, *cells: str) -> Path:
+    body = {"cells": [{"cell_type": "code", "source": c, "metadata": {}, "outputs": [],
+                       "execution_count": None} for c in cells],
+            "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(body))
+    return path
+
+
+def test_ipython_syntax_becomes_python():
+    src = 'import sys\nif "google.colab" in sys.modules:\n    %pip install -q memlab\n!ls\nx = 1'
+    assert cell_source(src) == ('import sys\nif "google.colab" in sys.modules:\n'
+                                '    pass  # pip install -q memlab\npass  # ls\nx = 1')
+    assert cell_source("%%time\nx = 1") is None
+    assert cell_source("y = 10 % 3") == "y = 10 % 3"  # a modulo is not a magic
+
+
+def test_cells_run_in_order_in_one_namespace_and_print_their_last_value(tmp_path):
+    nb = _notebook(tmp_path / "a.ipynb", "%pip install nothing\nx = 2", "x * 21",
+                   "x * 3;", "%%bash\nexit 1", "display(x + 1)")
+    assert len(code_cells(nb)) == 5
+    (run,) = run_notebooks([nb], logs=tmp_path / "logs", echo=lambda *a, **k: None)
+    assert run.status == "ok" and run.error == ""
+    out = (tmp_path / "logs" / "a.log").read_text()
+    assert "42" in out and "6" not in out.replace("cell", "") and "3" in out
+
+
+def test_a_failing_cell_is_named_with_its_one_line(tmp_path):
+    nb = _notebook(tmp_path / "bad.ipynb", "x = 1", "raise ValueError('the bad value')")
+    (run,) = run_notebooks([nb], echo=lambda *a, **k: None)
+    assert (run.status, run.cell, run.error) == ("failed", 2, "ValueError: the bad value")
+
+
+def test_time_limit_budget_and_skipping(tmp_path):
+    slow = _notebook(tmp_path / "a_slow.ipynb", "import time\ntime.sleep(30)")
+    fast = _notebook(tmp_path / "b_fast.ipynb", "x = 1")
+    runs = run_notebooks([tmp_path], timeout_s=3, echo=lambda *a, **k: None,
+                         report=tmp_path / "report.json")
+    assert [(r.notebook, r.status) for r in runs] == [(slow.as_posix(), "timed out"),
+                                                      (fast.as_posix(), "ok")]
+    assert done_in(tmp_path / "report.json") == [fast.as_posix()]
+    again = run_notebooks([tmp_path], skip=[fast.as_posix()], budget_s=0.5,
+                          echo=lambda *a, **k: None)
+    assert [(r.status, r.error) for r in again] == [("skipped", "over budget"),
+                                                    ("skipped", "done in an earlier run")]
+
+
+def test_every_notebook_is_found():
+    names = {p.name for p in NOTEBOOKS}
+    assert "00_toolkit.ipynb" in names and "lab07_compute_for_memory.ipynb" in names
+    assert "claims.ipynb" in names and len(NOTEBOOKS) >= 17
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_executor_runs_every_notebook_on_the_cpu(notebook, tmp_path, monkeypatch):
+    """The GPU call's executor over each chapter and lab, here on the CPU at CI scale.
+
+    Results the book build kept (``_build/.memlab-cache``) are reused, as the appendix reuses
+    the chapters': the executor, not the training, is what is tested here.
+    """
+    cache = ROOT / "_build" / ".memlab-cache"
+    if cache.is_dir() and not os.environ.get("MEMLAB_CACHE_DIR"):
+        monkeypatch.setenv("MEMLAB_CACHE_DIR", str(cache))
+    (run,) = run_notebooks([notebook], device="cpu", scale="ci", logs=tmp_path,
+                           echo=lambda *a, **k: None)
+    assert run.status == "ok", f"{run.notebook}: cell {run.cell}: {run.error}"
