@@ -32,7 +32,14 @@ _build/.src-stamp: $(SRC)
 	rm -rf _build/.jupyter_cache _build/.memlab-cache
 	@mkdir -p _build && touch $@
 
-book: setup _build/.src-stamp
+# A new or changed record under results/ re-executes the notebooks that read records (and only
+# those): jupyter-cache sees code cells, not the files they read.
+RESULTS := $(shell find results -name "*.json")
+_build/.results-stamp: $(RESULTS) | _build/.src-stamp
+	$(BIN)/python scripts/records_changed.py _build/.jupyter_cache
+	@mkdir -p _build && touch $@
+
+book: setup _build/.src-stamp _build/.results-stamp
 	@mkdir -p _build
 	@start=$$(date +%s); \
 	MEMLAB_CACHE_DIR=$(CURDIR)/_build/.memlab-cache $(BIN)/jupyter-book build . -n -W --keep-going; \

@@ -289,3 +289,30 @@ def test_a_clean_commit_is_held_to_its_source(fresh_record):
     assert check_record(path).ok
     _edit(path, lambda b: b["provenance"].update(source_sha256="0" * 64))
     assert f"not the source of commit {head[:12]}" in check_record(path).line()
+
+
+# A new record reaches the pages ------------------------------------------------------------------
+def test_a_changed_record_makes_the_build_execute_its_readers_again(tmp_path):
+    """scripts/records_changed.py forgets the cached run of each notebook that reads records."""
+    from jupyter_cache import get_cache
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from records_changed import main as records_changed
+    from records_changed import reads_records
+
+    assert reads_records(ROOT / "chapters" / "03_quantization.ipynb")
+    assert reads_records(ROOT / "labs" / "lab06_distributed.ipynb")  # through its lab module
+    assert not reads_records(ROOT / "labs" / "lab02_number_formats.ipynb")
+    book = tmp_path / "book"
+    book.mkdir()
+    for name, code in (("reader", "from memlab.results import recorded\nrecorded('x')"),
+                       ("other", "x = 1")):
+        nb = {"cells": [{"cell_type": "code", "source": code, "metadata": {}, "outputs": [],
+                         "execution_count": 1}], "metadata": {}, "nbformat": 4,
+              "nbformat_minor": 5}
+        (book / f"{name}.ipynb").write_text(json.dumps(nb))
+    cache = get_cache(str(tmp_path / "cache"))
+    for name in ("reader", "other"):
+        cache.cache_notebook_file(book / f"{name}.ipynb", check_validity=False)
+    assert records_changed([str(tmp_path / "cache"), str(book)]) == 0
+    assert [Path(r.uri).name for r in cache.list_cache_records()] == ["other.ipynb"]

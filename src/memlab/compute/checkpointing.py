@@ -14,13 +14,14 @@ Two views of the same plans (:mod:`memlab.model.checkpoint`):
 from __future__ import annotations
 
 import contextlib
+import gc
 import statistics
 from dataclasses import asdict, dataclass
 
 from memlab.compute.flops import step_flops
-from memlab.device import get_scale, pick_device
+from memlab.device import get_scale, pick_device, refuse_if_too_big
 from memlab.errors import MemlabError
-from memlab.measure.step import StepSpec, measure_step
+from memlab.measure.step import StepSpec, measure_step, trace_step
 from memlab.measure.timing import time_ms
 from memlab.memory.training import estimate
 from memlab.model.checkpoint import Checkpointing, parse_checkpointing, sqrt_segments
@@ -216,21 +217,27 @@ def _early_stop(on: bool):
     return contextlib.nullcontext() if on else set_checkpoint_early_stop(False)
 
 
-def _stepper(spec: StepSpec, dev, early_stop: bool):
-    """A closure running one training step of ``spec`` on ``dev`` (the model built once)."""
+def _stepper(spec: StepSpec, dev):
+    """One model and optimizer on ``dev``, and a closure running one step under any plan of it.
+
+    The plans share the model: ``step(plan, early_stop)`` switches the model's plan
+    (:meth:`~memlab.model.transformer.Transformer.set_checkpointing`) and runs a step, so only
+    one model and one set of optimizer states are ever resident.
+    """
     import torch
 
     from memlab.measure.step import default_dtype, param_dtype, step_autocast, step_optimizer
     from memlab.model.transformer import build_model, lm_loss
 
     with default_dtype(param_dtype(spec.precision)):
-        model = build_model(spec.config, device=dev, seed=0, checkpointing=spec.checkpointing)
+        model = build_model(spec.config, device=dev, seed=0)
     opt = step_optimizer(spec, list(model.parameters()))
     gen = torch.Generator().manual_seed(0)
     idx, targets = torch.randint(0, spec.config.vocab_size, (2, spec.batch_size, spec.seq_len),
                                  generator=gen).to(dev)
 
-    def step() -> None:
+    def step(plan: str, early_stop: bool) -> None:
+        model.set_checkpointing(plan)
         with _early_stop(early_stop):
             with step_autocast(spec.precision, dev):
                 loss = lm_loss(model(idx), targets)
@@ -241,12 +248,27 @@ def _stepper(spec: StepSpec, dev, early_stop: bool):
     return step
 
 
+def _time_plans(spec: StepSpec, dev, keys, repeats: int) -> dict:
+    """Milliseconds of each ``(plan, early_stop)`` step, round by round, on one model."""
+    step = _stepper(spec, dev)
+    times: dict = {key: [] for key in keys}
+    for key in keys:  # warm-up: the first step allocates the optimizer's states
+        step(*key)
+    for _ in range(repeats):
+        for key in keys:
+            times[key] += time_ms(lambda key=key: step(*key), warmup=0, repeats=1, device=dev)
+    return times
+
+
 def checkpointing_costs(scale: str | None = None, device=None, *, plans=None) -> CheckpointCosts:
     """Each plan of the book's model stepped for real here: bytes, counted FLOPs, time per step (chapter: 7).
 
-    The steps are timed side by side: every plan's model is built first, then each round times
-    one step of every plan (with the checkpoint's early stop on and off), so a change in the
-    machine's load touches every plan alike; each plan's time is its median over the rounds.
+    The steps are timed side by side: one model is built, then each round times one step of
+    every plan (the model's plan switched between them; the checkpoint's early stop on and
+    off), so a change in the machine's load touches every plan alike; each plan's time is its
+    median over the rounds. The model is then let go, and each plan's bytes are measured on a
+    model of its own, one at a time. On a GPU, a step without checkpointing is traced first
+    and refused in one line if it would not fit.
     """
     scale = get_scale(scale)
     size = dict(COST_SIZES[scale])
@@ -259,15 +281,18 @@ def checkpointing_costs(scale: str | None = None, device=None, *, plans=None) ->
     specs = {name: StepSpec(cfg, batch_size=size["batch_size"], seq_len=size["seq_len"],
                             precision=size["precision"],
                             checkpointing=parse_checkpointing(name).label) for name in names}
+    if dev.type != "cpu":  # the most a plan needs: no checkpointing; refuse before allocating
+        need = trace_step(specs["none"]).peak_bytes
+        refuse_if_too_big(need, dev, f"a {cfg.name} step without checkpointing")
     # The early stop turned off is timed for full checkpointing, where it matters most.
-    steps = {(name, stop): _stepper(spec, dev, stop) for name, spec in specs.items()
-             for stop in ((True, False) if name == "full" else (True,))}
-    times: dict = {key: [] for key in steps}
-    for step in steps.values():  # warm-up: the first step of each allocates its states
-        step()
-    for _ in range(size["repeats"]):
-        for key, step in steps.items():
-            times[key] += time_ms(step, warmup=0, repeats=1, device=dev)
+    keys = [(name, stop) for name in names
+            for stop in ((True, False) if name == "full" else (True,))]
+    times = _time_plans(specs["none"], dev, keys, size["repeats"])
+    gc.collect()  # the timed model is gone: each plan's bytes are measured on their own
+    if dev.type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
     out = []
     for name, spec in specs.items():
         m = measure_step(spec, device=dev, count_flops=True)

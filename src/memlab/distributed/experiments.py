@@ -12,6 +12,7 @@ from memlab.distributed.parallel import SIZES as PARALLEL_SIZES
 from memlab.distributed.parallel import ParallelismResult
 from memlab.distributed.sharding import DistributedMemory
 from memlab.distributed.traced import TracedGrid
+from memlab.errors import MemlabError
 from memlab.experiments import register
 from memlab.results import kept_on_disk
 
@@ -68,15 +69,25 @@ def _parallel(scale: str) -> ParallelismResult:
 def distributed_parallel(scale: str | None = None) -> ParallelismResult:
     """Tensor and pipeline parallelism on two ranks, each against one process (chapter: 6).
 
-    Full scale needs two GPUs; with fewer, the CI sizes run on the CPU (the result says so).
+    Full scale needs a GPU per rank. Asked for by name (``memlab run … --scale full``) on a
+    machine with fewer, it is refused in one line, so no record is labelled full that ran the
+    CPU's sizes; chosen by default (a notebook on one GPU), the CI sizes run on the CPU and
+    the result says so (its device and backend).
     """
     from memlab.distributed.launch import launch_device
     from memlab.distributed.parallel import WORLD
 
-    scale = get_scale(scale)
-    if scale == "full" and launch_device(WORLD) == "cpu":
-        scale = "ci"
-    return _parallel(scale)
+    chosen = get_scale(scale)
+    if chosen == "full" and launch_device(WORLD) == "cpu":
+        if scale is not None:
+            import torch
+
+            have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            raise MemlabError(f"distributed-parallel at full scale needs {WORLD} GPUs, one per "
+                              f"rank; this machine has {have}: use --scale ci for the CPU's "
+                              "sizes on gloo")
+        chosen = "ci"
+    return _parallel(chosen)
 
 
 TRACED_SIZES = {
