@@ -324,6 +324,9 @@ def _layernorm(label, scope, BT, C, precision, consumer_linears, device):
     return out
 
 
+P_COPY = "softmax probabilities cast to 16 bits for P @ V (CUDA autocast)"
+
+
 def _attention_core(cfg, B, T, precision, device, scope="layer", selective=False):
     """q, k, v after RoPE and GQA repetition, and what the attention kernel keeps.
 
@@ -362,10 +365,14 @@ def _attention_core(cfg, B, T, precision, device, scope="layer", selective=False
         out.append(SavedTensor("attention output", scope, "(B, nh, T, hs)", cdt, BT * C * cb))
         out.append(SavedTensor("attention logsumexp", scope, "(B, nh, T)", "fp32", B * nh * T * 4))
     else:
-        # CUDA autocast runs softmax in fp32; CPU autocast keeps 16 bits.
+        # CUDA autocast runs softmax in fp32 (its documented fp32 list), and P @ V, a matmul,
+        # in 16 bits: the matmul casts P down and keeps that copy for its backward, beside the
+        # fp32 P the softmax keeps. CPU autocast keeps the softmax in 16 bits: one P.
         pb = 4 if (precision.endswith("-mixed") and device == "cuda") else cb
         out.append(SavedTensor("softmax probabilities", scope, "(B, nh, T, T)", _dt(pb) if pb == 4
                                else half, B * nh * T * T * pb))
+        if pb != cb:
+            out.append(SavedTensor(P_COPY, scope, "(B, nh, T, T)", half, B * nh * T * T * cb))
         out.append(SavedTensor("causal mask", scope, "(T, T)", "bool", T * T))
     # Merging the heads, y.transpose(1, 2).reshape(B, T, C), copies unless the kernel already
     # wrote y as (B, T, nh, hs): CUDA's flash and memory-efficient kernels and the CPU kernel
@@ -686,7 +693,10 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
         for t in block:
             before += t.bytes
             if t.name == "softmax probabilities":
-                softmax_at = (before, B * cfg.n_head * T * T * cb)
+                scores = B * cfg.n_head * T * T * cb
+                if t.bytes != scores:  # CUDA autocast: the softmax reads an fp32 copy of them
+                    scores += B * cfg.n_head * T * T * 4
+                softmax_at = (before, scores)
                 break
     if softmax_at is not None:
         # The last block's softmax, with its masked-scores input alive beside it.

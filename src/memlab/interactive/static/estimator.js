@@ -368,10 +368,11 @@
              saved("layer", stage, BT * C * cb));
     if (cfg.attention === "sdpa") { // output and logsumexp
       out.push(saved("layer", stage, BT * C * cb), saved("layer", stage, B * nh * T * fp32));
-    } else { // softmax probabilities (fp32 under CUDA autocast) and the causal mask
+    } else { // softmax probabilities (fp32 under CUDA autocast, and P @ V's 16-bit copy)
       var pb = isMixed(precision) && device === "cuda" ? fp32 : cb;
-      out.push(saved("layer", stage, B * nh * T * T * pb, { softmax: true }),
-               saved("layer", stage, T * T * K.bytes.bool));
+      out.push(saved("layer", stage, B * nh * T * T * pb, { softmax: true }));
+      if (pb !== cb) { out.push(saved("layer", stage, B * nh * T * T * cb)); }
+      out.push(saved("layer", stage, T * T * K.bytes.bool));  // the causal mask
     }
     // Merging the heads copies unless the kernel wrote (B, T, nh, hs) already.
     if (cfg.attention === "eager" || (device === "cpu" && cfg.style === "llama")) {
@@ -531,8 +532,10 @@
       var before = 0;
       for (var i = 0; i < block.length; i++) {
         before += block[i].bytes;
-        if (block[i].softmax) {
-          softmaxAt = [before, B * cfg.n_head * T * T * cb];
+        if (block[i].softmax) { // CUDA autocast: the softmax reads an fp32 copy of the scores
+          var scores = B * cfg.n_head * T * T * cb;
+          softmaxAt = [before, block[i].bytes !== scores ? scores + B * cfg.n_head * T * T * fp32
+                                                         : scores];
           break;
         }
       }
