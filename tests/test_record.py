@@ -219,11 +219,11 @@ def test_a_tampered_copy_fails_in_one_line(tmp_path):
     body = json.loads(text)
 
     def bump(d):  # the first integer in the result, plus one
-        for k, v in d.items():
+        for k, v in (d.items() if isinstance(d, dict) else enumerate(d)):
             if isinstance(v, int) and not isinstance(v, bool):
                 d[k] = v + 1
                 return True
-            if isinstance(v, dict) and bump(v):
+            if isinstance(v, (dict, list)) and bump(v):
                 return True
         return False
 
