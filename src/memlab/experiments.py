@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +118,19 @@ def describe_sizes(size) -> str:
     return str(size)
 
 
+@contextlib.contextmanager
+def _env(key: str, value: str):
+    old = os.environ.get(key)
+    os.environ[key] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
 def check_recordable(exp: Experiment) -> None:
     """Refuse, in one line, to write a record this device cannot make (chapter: all).
 
@@ -140,14 +154,18 @@ def run_experiment(name: str, scale: str | None = None, out: str | Path | None =
 
     import torch
 
-    from memlab.results import make_record, save_record
+    from memlab.results import ARTIFACTS_ENV, make_record, save_record
 
     exp = get_experiment(name)
     scale = get_scale(scale)
     if out is not None:
         check_recordable(exp)
     start = time.perf_counter()
-    with forced_device("cpu") if exp.needs == "cpu" else contextlib.nullcontext():
+    with contextlib.ExitStack() as stack:
+        if exp.needs == "cpu":
+            stack.enter_context(forced_device("cpu"))
+        if out is not None:  # files written beside the record (memlab.results.artifact_path)
+            stack.enter_context(_env(ARTIFACTS_ENV, str(Path(out) / name)))
         result = exp.fn(scale)
     wall = time.perf_counter() - start
     if not isinstance(result, exp.result):

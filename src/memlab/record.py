@@ -43,6 +43,7 @@ STATUSES = ("ok", "failed", "skipped", "timed out")
 START_S = 10.0  # a child's start (Python, torch, the registry) on top of a record's wall_s
 ARCHIVE_NAME = "record-pass.tar.gz"
 SUMMARY_NAME = "summary.json"
+KEPT_SUFFIXES = (".json", ".pickle")  # a record, and a file written beside it (a snapshot)
 
 
 def child_timeout(cost_s: float) -> float:
@@ -331,8 +332,8 @@ def summary_table(rows: list[PassRow]) -> str:
 def unpack_archive(archive: str | Path, results: str | Path) -> list[str]:
     """Copy the records of a pass's archive into ``results/``; the paths written (chapter: all).
 
-    Only ``<experiment>/<file>.json`` members are taken (the summary and logs stay in the
-    archive), and only for registered experiments; a member with any other path is refused.
+    Only ``<experiment>/<file>.json`` members (and the ``.pickle`` files written beside a record)
+    are taken, for registered experiments; the summary and logs stay in the archive.
     """
     archive, results = Path(archive), Path(results)
     if not archive.is_file():
@@ -346,7 +347,7 @@ def unpack_archive(archive: str | Path, results: str | Path) -> list[str]:
         raise MemlabError(f"{archive} is not a pass archive ({exc})") from None
     for member, data in members:
         parts = Path(member.name).parts
-        if len(parts) != 2 or parts[0] not in known or not parts[1].endswith(".json"):
+        if len(parts) != 2 or parts[0] not in known or Path(parts[1]).suffix not in KEPT_SUFFIXES:
             continue
         target = results / parts[0] / parts[1]
         target.parent.mkdir(parents=True, exist_ok=True)

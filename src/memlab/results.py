@@ -301,6 +301,34 @@ def save_record(record: Record, out_dir: str | Path | None = None) -> Path:
     return path
 
 
+ARTIFACTS_ENV = "MEMLAB_ARTIFACTS_DIR"  # set while an experiment runs for a record
+
+
+def artifact_path(name: str) -> Path | None:
+    """Where an experiment that is being recorded may write a file beside its record, or None (chapter: all).
+
+    ``memlab run … --out DIR`` sets ``$MEMLAB_ARTIFACTS_DIR`` to ``DIR/<experiment>/``; a file
+    written there (a memory snapshot, say) travels with the record (the pass's archive carries
+    it, ``memlab unpack-records`` copies it). Outside a recording nothing is kept.
+    """
+    folder = os.environ.get(ARTIFACTS_ENV)
+    if not folder:
+        return None
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return Path(folder) / name
+
+
+def awaiting(experiment: str, device: str = "cuda") -> str:
+    """What a page prints where a record of ``experiment`` on ``device`` is not stored yet (chapter: all).
+
+    It names the experiment and the command that fills the place.
+    """
+    where = "a GPU" if device == "cuda" else f"a {device}"
+    return (f"no {device.upper() if device == 'cuda' else device} record of {experiment} is "
+            f"stored yet: `memlab record --only {experiment} --out DIR` on {where} fills this "
+            f"place (or `python -m memlab run {experiment} --scale full --out results/`)")
+
+
 def load_record(path: str | Path) -> Record:
     """Read one record file (chapter: all)."""
     path = Path(path)

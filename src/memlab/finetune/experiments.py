@@ -8,6 +8,7 @@ import functools
 from memlab.device import get_scale
 from memlab.experiments import register
 from memlab.finetune.compare import STEPS, FinetuneComparison, LrSweep
+from memlab.finetune.cuda_check import CUDA_GRIDS, CudaCheck
 from memlab.finetune.flops import FlopsTable
 from memlab.finetune.plan import ContextSweep, FitTable, TwentyB
 from memlab.finetune.reference import ReferenceResult
@@ -126,3 +127,15 @@ def finetune_20b(scale: str | None = None) -> TwentyB:
     from memlab.finetune.plan import twenty_b
 
     return twenty_b(**TWENTY_B_SIZES[get_scale(scale)])
+
+
+@register("estimator-cuda", chapter="chapters/01_where_the_memory_goes",
+          summary="the estimator with CUDA conventions held to torch.cuda.max_memory_allocated "
+                  "over a grid of real steps (models, precisions, eager and SDPA attention, "
+                  "checkpointing, optimizers, LoRA, QLoRA), PyTorch's MemTracker beside it",
+          sizes=CUDA_GRIDS, result=CudaCheck, needs="cuda", cost_s=150, priority=8)
+def estimator_cuda_run(scale: str | None = None) -> CudaCheck:
+    """The estimator against the CUDA allocator on this GPU, or the reason it cannot run here (chapter: 1)."""
+    from memlab.finetune.cuda_check import estimator_cuda
+
+    return estimator_cuda(get_scale(scale))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from memlab.device import get_scale, pick_device, refuse_if_too_big
 from memlab.experiments import register
+from memlab.measure.allocator_gpu import BLOCK_REQUESTS, SNAPSHOT_STEP, AllocatorRecord
 from memlab.measure.step import StepMemory
 
 STEP_SIZES = {
@@ -56,3 +57,21 @@ def trace_7b(scale: str | None = None, *, precision: str = "fp32", optimizer: st
     size = TRACE_SIZES[get_scale(scale)]
     return trace_step(size["model"], batch_size=size["batch_size"], seq_len=size["seq_len"],
                       precision=precision, optimizer=optimizer)
+
+
+@register(
+    "allocator",
+    chapter="chapters/00_toolkit",
+    summary="the CUDA caching allocator on this GPU: each request's block and segment against "
+            "the rules, fragmentation with expandable_segments off and on (a process each), a "
+            "real out-of-memory message read number by number, a step's memory snapshot",
+    sizes={scale: dict(requests=BLOCK_REQUESTS, step=SNAPSHOT_STEP[scale])
+           for scale in ("ci", "full")},
+    result=AllocatorRecord,
+    needs="cuda", cost_s=45, priority=5,
+)
+def allocator(scale: str | None = None) -> AllocatorRecord:
+    """The caching allocator measured on this GPU, or the reason it cannot be here (chapter: 0)."""
+    from memlab.measure.allocator_gpu import allocator_record
+
+    return allocator_record(get_scale(scale))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from memlab.device import get_scale, pick_device, refuse_if_too_big
 from memlab.dtypes import dtype as to_dtype
 from memlab.experiments import register
+from memlab.memory.inference import InferenceMemory
 
 
 # The estimator against the trace ------------------------------------------------------------
@@ -226,3 +227,53 @@ def load_memory(scale: str | None = None) -> LoadResult:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return LoadResult(device=device.type, baseline_process_bytes=baseline, rows=rows)
+
+
+# Generation with a KV cache -------------------------------------------------------------------
+GENERATION_SIZES = {  # (model, batch, prompt tokens, new tokens, dtype)
+    "ci": dict(cases=(("tiny", 2, 48, 16, "fp32"), ("tiny-gpt2", 4, 32, 32, "bf16"))),
+    "full": dict(cases=(("llama-1b", 8, 1536, 256, "bf16"), ("llama2-7b", 1, 3968, 128, "bf16"),
+                        ("llama2-7b", 16, 896, 128, "bf16"))),
+}
+
+
+@dataclass(frozen=True)
+class GenerationRow:
+    """One generation measured on this device beside its estimate (chapter: 1)."""
+
+    measured: InferenceMemory
+    estimated_peak_bytes: int
+    estimated_kv_cache_bytes: int
+
+
+@dataclass(frozen=True)
+class GenerationMemory:
+    """Generations with a KV cache, measured on this device and estimated (chapter: 1)."""
+
+    device: str
+    rows: list[GenerationRow]
+
+
+@register(
+    "generation-memory",
+    chapter="chapters/01_where_the_memory_goes",
+    summary="generation with a KV cache measured on this device (prefill and decode peaks, "
+            "the cache's bytes) beside memlab.memory.estimate_inference",
+    sizes=GENERATION_SIZES,
+    result=GenerationMemory,
+    needs="any", cost_s=60, priority=28,
+)
+def generation_memory(scale: str | None = None) -> GenerationMemory:
+    """Prefill and decode peaks of real generations here, and their estimates (chapter: 1)."""
+    from memlab.memory.inference import estimate_inference, measure_inference
+    from memlab.model.transformer import get_config
+
+    device = pick_device()
+    rows = []
+    for model, B, T, N, dtype in GENERATION_SIZES[get_scale(scale)]["cases"]:
+        est = estimate_inference(get_config(model), B, T, dtype, N)
+        refuse_if_too_big(est.peak_bytes, device, f"generating with {model}")
+        m = measure_inference(model, batch_size=B, prompt_len=T, new_tokens=N, dtype=dtype,
+                              device=device)
+        rows.append(GenerationRow(m, est.peak_bytes, est.kv_cache_bytes))
+    return GenerationMemory(device.type, rows)

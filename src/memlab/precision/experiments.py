@@ -5,6 +5,7 @@ from __future__ import annotations
 from memlab.device import get_scale
 from memlab.experiments import register
 from memlab.precision.mixed import Fp8Matmul, MixedPrecisionResult
+from memlab.precision.tf32 import Tf32Matmul
 
 # Mixed-precision training (chapter 2) ----------------------------------------------------------
 MIXED_SIZES = {
@@ -55,3 +56,22 @@ def fp8_matmul(scale: str | None = None):
     from memlab.precision.mixed import fp8_matmul as run
 
     return run(**FP8_SIZES[get_scale(scale)])
+
+
+TF32_SIZES = {"ci": dict(n=1024, repeats=10, warmup=3), "full": dict(n=8192, repeats=30, warmup=5)}
+
+
+@register(
+    "tf32",
+    chapter="chapters/02_number_formats",
+    summary="an fp32 matrix product with TF32 off and on: time (CUDA events) and error against "
+            "fp64",
+    sizes=TF32_SIZES,
+    result=Tf32Matmul,
+    needs="cuda", cost_s=20, priority=22,
+)
+def tf32(scale: str | None = None) -> Tf32Matmul:
+    """TF32 against IEEE fp32 on this GPU, or the reason it cannot be timed here (chapter: 2)."""
+    from memlab.precision.tf32 import tf32_matmul
+
+    return tf32_matmul(**TF32_SIZES[get_scale(scale)])

@@ -8,6 +8,7 @@ from memlab.device import get_scale
 from memlab.experiments import register
 from memlab.model.lm import SIZES as QM_SIZES
 from memlab.quant.compare import QuantComparison
+from memlab.quant.optim8 import OPTIM8_SIZES, OptimStepMemory
 from memlab.quant.outliers import OutlierStudy
 from memlab.quant.speed import QuantSpeed
 
@@ -56,3 +57,19 @@ def quant_speed(scale: str | None = None):
     from memlab.quant.speed import quant_speed as run
 
     return run(**QUANT_SPEED_SIZES[get_scale(scale)])
+
+
+@register(
+    "optimizer-8bit",
+    chapter="chapters/03_quantization",
+    summary="torch's AdamW against bitsandbytes' AdamW8bit on one model's parameters: state "
+            "bytes counted, the peak of a step and its time, on this device",
+    sizes=OPTIM8_SIZES,
+    result=OptimStepMemory,
+    needs="any", cost_s=40, priority=26,
+)
+def optimizer_8bit(scale: str | None = None) -> OptimStepMemory:
+    """AdamW and 8-bit AdamW stepped on this device (chapter: 3)."""
+    from memlab.quant.optim8 import optimizer_step_memory
+
+    return optimizer_step_memory(**OPTIM8_SIZES[get_scale(scale)])
