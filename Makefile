@@ -14,7 +14,7 @@ export MEMLAB_DEVICE ?= cpu
 export PYTHONHASHSEED := 0
 TIMINGS := _build/timings.txt
 
-.PHONY: setup book test lint unit nbval labs browser student system freeze clean
+.PHONY: setup book test lint unit nbval labs browser student system freeze clean gpu-prepare gpu-unpack
 
 setup: $(STAMP)
 
@@ -77,6 +77,21 @@ test: setup system
 	MEMLAB_REQUIRE_HTML=1 $(BIN)/python -m pytest -p no:cacheprovider --nbval-executed _build/.jupyter_cache \
 	    --durations=15 chapters labs appendix tests 2>&1 | tee _build/pytest.log; \
 	echo "tests: $$(( $$(date +%s) - start )) s" | tee -a $(TIMINGS)
+
+# The GPU call (README, "Recording the GPU side"): prepare here, run scripts/gpu_pass.sh on the
+# GPU machine, then unpack what it wrote here: records into results/, checked, and the book
+# rebuilt (the notebooks that read records run again).
+gpu-prepare: setup
+	$(BIN)/python scripts/gpu_prepare.py
+
+gpu-unpack: setup
+	@test -n "$(ARCHIVE)" || { echo "usage: make gpu-unpack ARCHIVE=<folder the GPU call wrote>"; exit 2; }
+	$(BIN)/python -m memlab unpack-records $(ARCHIVE)/gpu-pass.tar.gz
+	@if [ -f $(ARCHIVE)/notebooks.json ]; then \
+	  $(BIN)/python -c "import sys; from memlab.nbexec import merge_reports; merge_reports(*sys.argv[1:])" \
+	      results/_notebooks/cuda.json $(ARCHIVE)/notebooks.json && echo "merged results/_notebooks/cuda.json"; fi
+	$(BIN)/python -m memlab check-records
+	@$(MAKE) --no-print-directory book
 
 freeze:
 	rm -rf /tmp/memlab-freeze && $(PYTHON) -m venv /tmp/memlab-freeze

@@ -48,7 +48,10 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="{env,list,run,estimate,trace,plan,bits,"
                                                     "record,check-records,unpack-records}",
                            parser_class=_Parser)
-    sub.add_parser("env", help="print the device, versions and scale")
+    env = sub.add_parser("env", help="print the device, versions and scale")
+    env.add_argument("--packages", action="store_true",
+                     help="also the versions a record stores, bitsandbytes' native library, "
+                          "and the code's commit and source hash")
     sub.add_parser("list", help="list the experiments")
     run = sub.add_parser("run", help="run an experiment and store its record")
     run.add_argument("experiment", nargs="?", help=f"one of: {', '.join(sorted(experiments()))}")
@@ -74,6 +77,34 @@ def _build_parser() -> argparse.ArgumentParser:
     unpack.add_argument("archive", help="the archive a pass wrote (record-pass.tar.gz)")
     unpack.add_argument("--results", default=None, help="where to (default: results/)")
     return p
+
+
+def _print_packages() -> None:
+    """``memlab env --packages``: what a record's provenance will say, and whether bitsandbytes can run here."""
+    from memlab.results import code_provenance
+
+    prov = code_provenance()
+    for name, version in prov["packages"].items():
+        print(f"  {name:<13} {version or ('none' if name == 'cuda' else 'not installed')}")
+    print(f"  {'bitsandbytes':<13} native library: {_bnb_library()}")
+    print(f"  {'memlab':<13} {prov['memlab_version']}, commit {prov['git_commit'] or 'unknown'}"
+          f"{' (dirty)' if prov['git_dirty'] else ''}, source {prov['source_sha256'][:16]}")
+
+
+def _bnb_library() -> str:
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return "none (bitsandbytes is not installed)"
+    try:
+        from bitsandbytes import cextension
+    except Exception as exc:  # noqa: BLE001 - any import failure is reported, not raised
+        return f"fails to import: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    lib = getattr(cextension, "lib", None)
+    if lib is None or type(lib).__name__ == "ErrorHandlerMockBNBNativeLibrary":
+        return "not loaded (its kernels will fail)"
+    return str(getattr(lib, "_name", None) or getattr(getattr(lib, "compiled_with_cuda", None),
+                                                       "__name__", "loaded"))
 
 
 def _record_options(p: argparse.ArgumentParser) -> None:
@@ -526,6 +557,8 @@ def main(argv: list[str] | None = None) -> int:
             from memlab.device import env_report
 
             env_report()
+            if args.packages:
+                _print_packages()
             return 0
         if args.command == "list":
             from memlab.experiments import describe_sizes, experiments

@@ -194,6 +194,25 @@ def write_report(runs: list[NotebookRun], path: str | Path, **about) -> None:
     os.replace(tmp, path)
 
 
+def merge_reports(old: str | Path, new: str | Path) -> dict:
+    """One report from an earlier one and a later one that skipped what the earlier did (chapter: all).
+
+    Each notebook keeps its latest run that was not skipped; the result is written to ``old``.
+    """
+    old, new = Path(old), Path(new)
+    later = json.loads(new.read_text())
+    runs = {r["notebook"]: r for r in json.loads(old.read_text())["notebooks"]} \
+        if old.is_file() else {}
+    for r in later["notebooks"]:
+        if r["status"] != "skipped" or r["notebook"] not in runs:
+            runs[r["notebook"]] = r
+    body = dict(later, notebooks=sorted(runs.values(), key=lambda r: r["notebook"]))
+    body["counts"] = {s: sum(r["status"] == s for r in body["notebooks"]) for s in STATUSES}
+    old.parent.mkdir(parents=True, exist_ok=True)
+    old.write_text(json.dumps(body, indent=2) + "\n")
+    return body
+
+
 def done_in(report: str | Path) -> list[str]:
     """The notebooks an earlier report says ran to the end (chapter: all)."""
     body = json.loads(Path(report).read_text())

@@ -137,7 +137,8 @@ def plan_pass(*, device: str, budget_s: float, scale: str = "full", only=None,
 
     ``only`` names the experiments (any order; the pass keeps the priority order); those
     this device cannot record are listed with the reason. ``skip_recorded`` leaves out an
-    experiment with a record on this kind of device at this scale in ``out`` or ``results``.
+    experiment with a complete record (none labelled with what it lacks) on this kind of device
+    at this scale in ``out`` or ``results``.
     ``gpus`` is how many GPUs the pass has (default: those torch sees, at least one for a plan
     made elsewhere).
     """
@@ -168,8 +169,9 @@ def plan_pass(*, device: str, budget_s: float, scale: str = "full", only=None,
             reason = f"needs {exp.needs}"
         elif device == "cuda" and scale == "full" and exp.gpus > gpus:
             reason = f"needs {exp.gpus} GPUs, this pass has {gpus}"
-        elif skip_recorded and _recorded(exp.name, device, scale, folders):
-            reason = "recorded"
+        elif skip_recorded and any(not r.provenance.get("lacks")
+                                   for r in _recorded(exp.name, device, scale, folders)):
+            reason = "recorded"  # a record that lacks something is made again
         elif clock + cost > budget_s:
             reason = "over budget"
         runs = not reason

@@ -222,8 +222,13 @@ def check_record(path: str | Path, *, root: str | Path | None = None) -> RecordC
 
 
 def record_files(folder: str | Path) -> list[Path]:
-    """The record files under ``folder``: ``<experiment>/<file>.json`` (chapter: all)."""
-    return sorted(p for p in Path(folder).glob("*/*.json") if p.is_file())
+    """The record files under ``folder``: ``<experiment>/<file>.json`` (chapter: all).
+
+    A folder whose name starts with ``_`` holds no records (``_notebooks``: the notebooks' runs
+    on a GPU).
+    """
+    return sorted(p for p in Path(folder).glob("*/*.json")
+                  if p.is_file() and not p.parent.name.startswith("_"))
 
 
 def check_records(folder: str | Path) -> list[RecordCheck]:
