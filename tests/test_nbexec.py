@@ -4,14 +4,31 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from memlab.nbexec import cell_source, code_cells, done_in, notebooks_under, run_notebooks
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = notebooks_under([ROOT / "chapters", ROOT / "labs", ROOT / "appendix"])
+_EXTRAS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+# The packages each extra installs; "notebook" (ipywidgets, pandas, ipykernel) is Colab's own,
+# and installing it there would replace Colab's ipywidgets 7 with 8.
+EXTRA_PACKAGES = {extra: {re.split(r"[<>=\[; ]", r, maxsplit=1)[0].lower() for r in reqs}
+                  for extra, reqs in _EXTRAS.items() if extra not in ("notebook", "dev")}
+OPTIONAL = set().union(*EXTRA_PACKAGES.values())
+
+
+def colab_extras(path: Path) -> set[str] | None:
+    """The extras a notebook's Colab cell installs, or None if it has no Colab cell."""
+    for source in code_cells(path):
+        if source and "google.colab" in source:
+            m = re.search(r"memlab(?:\[([a-z,]+)\])? @", source)
+            return set(m.group(1).split(",")) if m and m.group(1) else set()
+    return None
 
 
 def _notebook(path: Path, *cells: str) -> Path:
@@ -60,6 +77,13 @@ def test_time_limit_budget_and_skipping(tmp_path):
                                                     ("skipped", "done in an earlier run")]
 
 
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_notebook_has_a_colab_cell(notebook):
+    extras = colab_extras(notebook)
+    assert extras is not None, f"{notebook.name} has no Colab cell"
+    assert extras <= set(EXTRA_PACKAGES), extras
+
+
 def test_every_notebook_is_found():
     names = {p.name for p in NOTEBOOKS}
     assert "00_toolkit.ipynb" in names and "lab07_compute_for_memory.ipynb" in names
@@ -80,3 +104,10 @@ def test_executor_runs_every_notebook_on_the_cpu(notebook, tmp_path, monkeypatch
     (run,) = run_notebooks([notebook], device="cpu", scale="ci", logs=tmp_path,
                            echo=lambda *a, **k: None)
     assert run.status == "ok", f"{run.notebook}: cell {run.cell}: {run.error}"
+    # What the run imported decides what the Colab cell installs (Colab has torch, numpy,
+    # matplotlib, pandas and ipywidgets of its own).
+    installed = colab_extras(notebook)
+    missing = {p for p in set(run.imported) & OPTIONAL
+               if not any(p in EXTRA_PACKAGES[e] for e in installed)}
+    assert not missing, (f"{notebook.name} runs {sorted(missing)}; its Colab cell installs "
+                         f"memlab[{','.join(sorted(installed))}]")

@@ -62,3 +62,15 @@ def test_save_record_reports_unwritable_folder(tmp_path):
     rec = make_record("toy", "ci", {"v": 1}, command="x")
     with pytest.raises(MemlabError, match="cannot write the record"):
         save_record(rec, blocker)
+
+
+def test_the_repository_address_is_the_books():
+    import re
+    from pathlib import Path
+
+    from memlab.results import REPOSITORY_URL, Record, record_file_url
+
+    config = (Path(__file__).resolve().parents[1] / "_config.yml").read_text()
+    assert re.search(r"url: (\S+)", config).group(1) == REPOSITORY_URL
+    rec = Record("allocator", "full", {}, {})
+    assert record_file_url(rec, "s.pickle") == f"{REPOSITORY_URL}/raw/main/results/allocator/s.pickle"

@@ -94,6 +94,8 @@ def run_notebook(path: str | Path) -> None:
         import matplotlib.pyplot as plt
 
         plt.close("all")  # as Jupyter shows each cell's figures and lets them go
+    top = sorted({name.partition(".")[0] for name in sys.modules} - set(sys.stdlib_module_names))
+    print(f"nbexec: imported: {','.join(n for n in top if not n.startswith('_'))}", flush=True)
 
 
 # Many notebooks, each in a process of its own -----------------------------------------------------
@@ -106,6 +108,7 @@ class NotebookRun:
     seconds: float
     cell: int | None  # the failing cell (1-based, counting code cells)
     error: str  # one line: why it failed, timed out or was skipped; "" if ok
+    imported: tuple[str, ...] = ()  # the packages the notebook's run imported (ok runs)
 
 
 def _failure(tail: str) -> tuple[int | None, str]:
@@ -115,6 +118,13 @@ def _failure(tail: str) -> tuple[int | None, str]:
             return int(m.group(1)), m.group(2)
     lines = [ln for ln in tail.splitlines() if ln.strip()]
     return None, lines[-1].strip() if lines else "no output"
+
+
+def _imported(tail: str) -> tuple[str, ...]:
+    for line in reversed(tail.splitlines()):
+        if line.startswith("nbexec: imported: "):
+            return tuple(n for n in line.removeprefix("nbexec: imported: ").split(",") if n)
+    return ()
 
 
 def notebooks_under(paths) -> list[Path]:
@@ -171,7 +181,8 @@ def run_notebooks(paths, *, device: str | None = None, scale: str = "ci",
                 runs.append(NotebookRun(name, "timed out", round(child.seconds, 1), None,
                                         f"stopped after {limit:.0f} s"))
             elif child.returncode == 0:
-                runs.append(NotebookRun(name, "ok", round(child.seconds, 1), None, ""))
+                runs.append(NotebookRun(name, "ok", round(child.seconds, 1), None, "",
+                                        _imported(child.tail)))
             else:
                 cell, error = _failure(child.tail)
                 runs.append(NotebookRun(name, "failed", round(child.seconds, 1), cell, error))

@@ -28,6 +28,7 @@ from memlab.device import device_memory_bytes, device_name, pick_device
 from memlab.errors import MemlabError
 
 RESULTS_DIR_ENV = "MEMLAB_RESULTS_DIR"
+REPOSITORY_URL = "https://github.com/memlab-book/memlab"  # where results/ is published (_config.yml)
 
 
 def results_dir() -> Path:
@@ -327,6 +328,44 @@ def awaiting(experiment: str, device: str = "cuda") -> str:
     return (f"no {device.upper() if device == 'cuda' else device} record of {experiment} is "
             f"stored yet: `memlab record --only {experiment} --out DIR` on {where} fills this "
             f"place (or `python -m memlab run {experiment} --scale full --out results/`)")
+
+
+def rebuild(value, tp):
+    """A record's JSON value as the type it was written from: dataclasses, tuples, lists, dicts (chapter: all).
+
+    The inverse of :func:`jsonable` for the shapes records hold, so that a page can call a
+    result's own methods on a stored record: ``rebuild(rec.result, CudaCheck).summary()``.
+    Tensors stay lists and dtypes stay strings.
+    """
+    import types
+    import typing
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        arms = [a for a in args if a is not type(None)]
+        pick = next((a for a in arms if dataclasses.is_dataclass(a) and isinstance(value, dict)),
+                    arms[0])
+        return rebuild(value, pick)
+    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        hints = typing.get_type_hints(tp)
+        return tp(**{f.name: rebuild(value[f.name], hints[f.name])
+                     for f in dataclasses.fields(tp) if f.init and f.name in value})
+    if origin is tuple and isinstance(value, list):
+        if args and args[-1] is not Ellipsis:
+            return tuple(rebuild(v, a) for v, a in zip(value, args, strict=False))
+        return tuple(rebuild(v, args[0]) if args else v for v in value)
+    if origin is list and isinstance(value, list):
+        return [rebuild(v, args[0]) if args else v for v in value]
+    if origin is dict and isinstance(value, dict):
+        return {k: rebuild(v, args[1]) if len(args) == 2 else v for k, v in value.items()}
+    return value
+
+
+def record_file_url(record: Record, name: str) -> str:
+    """The published address of a file kept beside a record in ``results/`` (a snapshot, say) (chapter: all)."""
+    return f"{REPOSITORY_URL}/raw/main/results/{record.experiment}/{name}"
 
 
 def load_record(path: str | Path) -> Record:

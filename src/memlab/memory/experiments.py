@@ -239,7 +239,7 @@ GENERATION_SIZES = {  # (model, batch, prompt tokens, new tokens, dtype)
 
 @dataclass(frozen=True)
 class GenerationRow:
-    """One generation measured on this device beside its estimate (chapter: 1)."""
+    """One generation measured on this device beside its estimate (chapter: 4)."""
 
     measured: InferenceMemory
     estimated_peak_bytes: int
@@ -248,7 +248,7 @@ class GenerationRow:
 
 @dataclass(frozen=True)
 class GenerationMemory:
-    """Generations with a KV cache, measured on this device and estimated (chapter: 1)."""
+    """Generations with a KV cache, measured on this device and estimated (chapter: 4)."""
 
     device: str
     rows: list[GenerationRow]
@@ -256,7 +256,7 @@ class GenerationMemory:
 
 @register(
     "generation-memory",
-    chapter="chapters/01_where_the_memory_goes",
+    chapter="chapters/04_attention",
     summary="generation with a KV cache measured on this device (prefill and decode peaks, "
             "the cache's bytes) beside memlab.memory.estimate_inference",
     sizes=GENERATION_SIZES,
@@ -264,7 +264,7 @@ class GenerationMemory:
     needs="any", cost_s=60, priority=28,
 )
 def generation_memory(scale: str | None = None) -> GenerationMemory:
-    """Prefill and decode peaks of real generations here, and their estimates (chapter: 1)."""
+    """Prefill and decode peaks of real generations here, and their estimates (chapter: 4)."""
     from memlab.memory.inference import estimate_inference, measure_inference
     from memlab.model.transformer import get_config
 
