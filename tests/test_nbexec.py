@@ -22,6 +22,16 @@ EXTRA_PACKAGES = {extra: {re.split(r"[<>=\[; ]", r, maxsplit=1)[0].lower() for r
 OPTIONAL = set().union(*EXTRA_PACKAGES.values())
 
 
+def gpu_imports(path: Path) -> set[str]:
+    """What a notebook imported in its recorded run on a GPU (results/_notebooks/cuda.json), if any."""
+    report = ROOT / "results" / "_notebooks" / "cuda.json"
+    if not report.is_file():
+        return set()
+    name = path.relative_to(ROOT).as_posix()
+    return {p for r in json.loads(report.read_text())["notebooks"] if r["notebook"] == name
+            for p in r.get("imported", [])}
+
+
 def colab_extras(path: Path) -> set[str] | None:
     """The extras a notebook's Colab cell installs, or None if it has no Colab cell."""
     for source in code_cells(path):
@@ -105,9 +115,10 @@ def test_executor_runs_every_notebook_on_the_cpu(notebook, tmp_path, monkeypatch
                            echo=lambda *a, **k: None)
     assert run.status == "ok", f"{run.notebook}: cell {run.cell}: {run.error}"
     # What the run imported decides what the Colab cell installs (Colab has torch, numpy,
-    # matplotlib, pandas and ipywidgets of its own).
+    # matplotlib, pandas and ipywidgets of its own); so does the recorded run on a GPU, whose
+    # branches (a paged optimizer, QLoRA's CUDA layers) a CPU does not take.
     installed = colab_extras(notebook)
-    missing = {p for p in set(run.imported) & OPTIONAL
-               if not any(p in EXTRA_PACKAGES[e] for e in installed)}
+    ran = set(run.imported) | gpu_imports(notebook)
+    missing = {p for p in ran & OPTIONAL if not any(p in EXTRA_PACKAGES[e] for e in installed)}
     assert not missing, (f"{notebook.name} runs {sorted(missing)}; its Colab cell installs "
                          f"memlab[{','.join(sorted(installed))}]")

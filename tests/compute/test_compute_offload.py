@@ -222,3 +222,17 @@ def test_errors_are_one_line():
     with pytest.raises(MemlabError) as e:
         paged_optimizer_status("cpu", optimizer="adamw")
     assert "paged-adamw" in _one_line(e)
+
+
+def test_the_link_rate_is_the_bytes_over_the_time_offloading_adds():
+    from memlab.compute.offload import OffloadMeasurement
+
+    base = dict(model="m", parameters=1, precision="bf16", batch_size=1, seq_len=1, steps=3,
+                device="cuda", status="measured", host_to_device_bytes_per_step=6 * 10**9,
+                device_to_host_bytes_per_step=2 * 10**9, host_state_bytes=1,
+                peak_adamw_bytes=10, peak_offloaded_bytes=5, gpu_bytes_saved=5)
+    m = OffloadMeasurement(**base, step_ms_adamw=100.0, step_ms_offloaded=600.0)
+    assert m.moved_gb_per_extra_s == 16.0  # 8 GB in 0.5 s more
+    assert OffloadMeasurement(**base).moved_gb_per_extra_s is None
+    assert OffloadMeasurement(**base, step_ms_adamw=100.0,
+                              step_ms_offloaded=90.0).moved_gb_per_extra_s is None

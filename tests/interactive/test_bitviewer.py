@@ -595,3 +595,26 @@ def test_bit_viewer_on_the_built_chapter(built_html: Path, html_server: str, chr
         watch.check()
     finally:
         context.close()
+
+
+@pytest.mark.slow
+def test_bit_widget_builds_with_colabs_ipywidgets_7(tmp_path):
+    """Colab ships ipywidgets 7.7.1 and renders it natively; the widget must build with it too."""
+    import subprocess
+    import sys
+
+    got = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                          str(tmp_path), "ipywidgets==7.7.1", "ipython_genutils"],
+                         capture_output=True, text=True, timeout=300)
+    if got.returncode != 0:
+        pytest.skip(f"ipywidgets 7.7.1 could not be downloaded here: {got.stderr.strip()[-200:]}")
+    code = ("import ipywidgets; from memlab.interactive.bitviewer import bit_widget; "
+            "w = bit_widget(0.1, 'fp16'); w.controls['format'].value = 'bf16'; "
+            "w.checkboxes[-1].value = not w.checkboxes[-1].value; print(ipywidgets.__version__, "
+            "len(w.checkboxes), 'bits edited' in w.output.value)")
+    import os
+
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(tmp_path)), timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["7.7.1", "16", "True"]

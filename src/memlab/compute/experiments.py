@@ -101,7 +101,7 @@ def mfu_run(scale: str | None = None) -> MFURun:
 
 OFFLOAD_SIZES = {
     "ci": dict(model="tiny", batch_size=2, seq_len=32, precision="fp32"),
-    "full": dict(model="llama-1b", batch_size=4, seq_len=1024, precision="bf16"),
+    "full": dict(model="llama-1b", batch_size=4, seq_len=1024, precision="bf16", steps=4),
 }
 
 

@@ -42,6 +42,7 @@ the GPU's work.
 from __future__ import annotations
 
 import gc
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from numbers import Real
@@ -428,17 +429,37 @@ class OffloadMeasurement:
     peak_adamw_bytes: int | None  # torch.cuda.max_memory_allocated above the start (CUDA)
     peak_offloaded_bytes: int | None
     gpu_bytes_saved: int | None
+    step_ms_adamw: float | None = None  # median of the steps after the first (CUDA events on a GPU)
+    step_ms_offloaded: float | None = None
+
+    @property
+    def moved_gb_per_extra_s(self) -> float | None:
+        """Bytes over the host link per second of the time offloading adds to a step, in GB/s (chapter: 7).
+
+        A lower bound on the link's rate: the added time also holds the host's AdamW arithmetic.
+        """
+        if self.step_ms_adamw is None or self.step_ms_offloaded is None \
+                or self.step_ms_offloaded <= self.step_ms_adamw:
+            return None
+        moved = self.host_to_device_bytes_per_step + self.device_to_host_bytes_per_step
+        return moved / ((self.step_ms_offloaded - self.step_ms_adamw) * 1e-3) / 1e9
 
     def as_dict(self) -> dict:
         """The measurement as a plain dict (chapter: 7)."""
         return asdict(self)
 
 
-def _train(net, opt, idx, targets, steps: int) -> None:
-    for _ in range(steps):
+def _train(net, opt, idx, targets, steps: int, device=None) -> list[float]:
+    """``steps`` training steps; the milliseconds of each after the first (which creates the states)."""
+    from memlab.measure.timing import time_ms
+
+    def step() -> None:
         lm_loss(net(idx), targets).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    step()
+    return [t for _ in range(steps - 1) for t in time_ms(step, warmup=0, repeats=1, device=device)]
 
 
 def measure_offload(model: ModelConfig | str = "tiny", *, batch_size: int = 2, seq_len: int = 32,
@@ -466,7 +487,7 @@ def measure_offload(model: ModelConfig | str = "tiny", *, batch_size: int = 2, s
     gen = torch.Generator().manual_seed(seed)
     idx, targets = torch.randint(0, cfg.vocab_size, (2, batch_size, seq_len), generator=gen).to(dev)
 
-    def run(offloaded: bool) -> tuple[int | None, OffloadedAdamW | None]:
+    def run(offloaded: bool) -> tuple[int | None, OffloadedAdamW | None, float | None]:
         cuda = dev.type == "cuda"
         if cuda:
             gc.collect()
@@ -478,16 +499,16 @@ def measure_offload(model: ModelConfig | str = "tiny", *, batch_size: int = 2, s
             net = build_model(cfg, device=dev, seed=seed)
         opt = (OffloadedAdamW(net.parameters(), lr=1e-4) if offloaded
                else make_optimizer("adamw", net.parameters(), lr=1e-4))
-        _train(net, opt, idx, targets, steps)
+        times = _train(net, opt, idx, targets, steps, device=dev)
         peak = None
         if cuda:
             torch.cuda.synchronize(dev)
             peak = int(torch.cuda.max_memory_allocated(dev) - start)
-        return peak, opt if offloaded else None
+        return peak, opt if offloaded else None, statistics.median(times) if times else None
 
     cuda = dev.type == "cuda"
-    peak_adamw = run(False)[0] if cuda else None
-    peak_off, opt = run(True)
+    peak_adamw, _, ms_adamw = run(False) if cuda else (None, None, None)
+    peak_off, opt, ms_off = run(True)
     status = (f"measured on {device_name(dev)}" if cuda else
               not_measurable(dev, "the GPU bytes saved are read from CUDA's allocator; here the "
                                   "host is the device, so the optimizer states never leave it"))
@@ -498,7 +519,8 @@ def measure_offload(model: ModelConfig | str = "tiny", *, batch_size: int = 2, s
         device_to_host_bytes_per_step=opt.last_step.device_to_host_bytes,
         host_state_bytes=opt.host_state_bytes, peak_adamw_bytes=peak_adamw,
         peak_offloaded_bytes=peak_off,
-        gpu_bytes_saved=None if peak_adamw is None else peak_adamw - peak_off)
+        gpu_bytes_saved=None if peak_adamw is None else peak_adamw - peak_off,
+        step_ms_adamw=ms_adamw, step_ms_offloaded=ms_off if cuda else None)
 
 
 # Paged optimizers -------------------------------------------------------------------------------
