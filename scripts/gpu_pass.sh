@@ -42,7 +42,8 @@ if [ "$MODE" != notebooks ]; then
   record_budget=$("$PY" -c "print(int($(left) * ($SHARE if '$MODE' == 'all' else 1)))")
   echo "== memlab record, $record_budget s"
   "$PY" -m memlab record --device "$DEVICE" --scale "$SCALE" --budget "$record_budget" \
-      --skip-recorded "${ONLY[@]}" --out "$WORK/pass" --archive "$OUT/gpu-pass.tar.gz"
+      --skip-recorded "${ONLY[@]}" --out "$WORK/pass" --archive "$OUT/gpu-pass.tar.gz" \
+      --archive-limit 15000000  # a file comes back only under 16 MiB
 fi
 
 if [ "$MODE" != record ]; then

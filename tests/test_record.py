@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -316,3 +317,22 @@ def test_a_changed_record_makes_the_build_execute_its_readers_again(tmp_path):
         cache.cache_notebook_file(book / f"{name}.ipynb", check_validity=False)
     assert records_changed([str(tmp_path / "cache"), str(book)]) == 0
     assert [Path(r.uri).name for r in cache.list_cache_records()] == ["other.ipynb"]
+
+
+def test_an_archive_over_its_limit_leaves_out_snapshots_then_logs(tmp_path):
+    import memlab.record as R
+
+    plan = Plan(device="cpu", scale="ci", budget_s=60.0, gpus=0, rows=())
+    out = tmp_path / "pass"
+    (out / "x").mkdir(parents=True)
+    (out / "x" / "ci-cpu.json").write_text("{}")
+    (out / "x" / "snapshot-ci.pickle").write_bytes(os.urandom(200_000))  # does not compress
+    (out / "logs").mkdir()
+    (out / "logs" / "x.log").write_text("ok\n")
+    state = R._Pass(plan, out, out / "a.tar.gz", "test", limit=100_000)
+    state.save()
+    with tarfile.open(out / "a.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert names == {"summary.json", "x/ci-cpu.json", "logs/x.log"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["left_out_of_archive"] == ["x/snapshot-ci.pickle"]

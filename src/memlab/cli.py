@@ -126,6 +126,8 @@ def _record_options(p: argparse.ArgumentParser) -> None:
                         "scale (in --out or results/)")
     p.add_argument("--archive", default=None, help="the archive's path (default: "
                                                    "OUT/record-pass.tar.gz)")
+    p.add_argument("--archive-limit", type=int, default=None, metavar="BYTES",
+                   help="keep the archive under this size, leaving out snapshots, then logs")
     p.add_argument("--dry-run", action="store_true", help="print the plan and run nothing")
     p.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
 
@@ -153,7 +155,11 @@ def _cmd_record(args, argv: list[str]) -> int:
         return 0
     print(plan.table(), flush=True)
     command = "python -m memlab " + " ".join(shlex.quote(a) for a in argv)
-    rows = run_pass(plan, args.out, archive=args.archive, command=command)
+    if args.archive_limit is not None and args.archive_limit <= 0:
+        raise MemlabError(f"--archive-limit must be a positive number of bytes, got "
+                          f"{args.archive_limit}")
+    rows = run_pass(plan, args.out, archive=args.archive, command=command,
+                    archive_limit=args.archive_limit)
     print(summary_table(rows))
     return 0
 

@@ -229,9 +229,11 @@ def _error_line(tail: str) -> str:
 class _Pass:
     """The files a pass keeps up to date: the summary and the archive, rewritten after each step."""
 
-    def __init__(self, plan: Plan, out: Path, archive: Path, command: str):
-        self.plan, self.out, self.archive = plan, out, archive
+    def __init__(self, plan: Plan, out: Path, archive: Path, command: str,
+                 limit: int | None = None):
+        self.plan, self.out, self.archive, self.limit = plan, out, archive, limit
         self.rows: list[PassRow] = []
+        self.left_out: list[str] = []  # files the archive could not hold within the limit
         self.started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         self.command = command
 
@@ -243,28 +245,54 @@ class _Pass:
                 "command": self.command,
                 "counts": {s: sum(r.status == s for r in self.rows) for s in STATUSES},
                 "rows": [asdict(r) for r in self.rows],
+                "left_out_of_archive": list(self.left_out),
                 "provenance": code_provenance()}
 
-    def save(self) -> None:
-        body = json.dumps(self.summary(), indent=2).encode() + b"\n"
-        _atomic_write(self.out / SUMMARY_NAME, body)
+    def _tar(self, leave_out: set[Path]) -> bytes:
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-            for path in sorted(self.out.rglob("*")):
-                if path.is_file() and path.resolve() != self.archive.resolve() \
-                        and not path.name.startswith("."):
+            for path in self.files():
+                if path not in leave_out:
                     tar.add(path, arcname=path.relative_to(self.out).as_posix())
-        _atomic_write(self.archive, buf.getvalue())
+        return buf.getvalue()
+
+    def files(self) -> list[Path]:
+        return [p for p in sorted(self.out.rglob("*")) if p.is_file()
+                and p.resolve() != self.archive.resolve() and not p.name.startswith(".")]
+
+    def save(self) -> None:
+        """The summary, then the archive; over ``limit`` bytes, the archive leaves out the files
+        beside the records (snapshots), then the logs, largest first, and the summary says so."""
+        self.left_out = []
+        body = json.dumps(self.summary(), indent=2).encode() + b"\n"
+        _atomic_write(self.out / SUMMARY_NAME, body)
+        data = self._tar(set())
+        if self.limit is not None and len(data) > self.limit:
+            keep = {self.out / SUMMARY_NAME}
+            spare = sorted((p for p in self.files() if p.suffix != ".json" and p not in keep),
+                           key=lambda p: (p.suffix != ".pickle", -p.stat().st_size))
+            dropped: set[Path] = set()
+            for path in spare:
+                dropped.add(path)
+                self.left_out.append(path.relative_to(self.out).as_posix())
+                _atomic_write(self.out / SUMMARY_NAME,
+                              json.dumps(self.summary(), indent=2).encode() + b"\n")
+                data = self._tar(dropped)
+                if len(data) <= self.limit:
+                    break
+        _atomic_write(self.archive, data)
 
 
 def run_pass(plan: Plan, out: str | Path, *, archive: str | Path | None = None,
              python: str | None = None, command: str = "memlab record",
-             echo=print) -> list[PassRow]:
+             archive_limit: int | None = None, echo=print) -> list[PassRow]:
     """Run a plan: each experiment in a process of its own, the summary and archive kept current (chapter: all).
 
     Records go to ``out/<experiment>/``, each experiment's output to ``out/logs/<name>.log``;
     ``out/summary.json`` and the archive (default ``out/record-pass.tar.gz``) are rewritten
-    after every experiment. Returns how each one ended.
+    after every experiment; ``archive_limit`` (bytes) keeps the archive under what the way back
+    can carry, leaving out snapshots, then logs (the summary lists them). Returns how each one
+    ended.
     """
     if plan.device == "cuda":
         check_cuda_pass()
@@ -272,7 +300,7 @@ def run_pass(plan: Plan, out: str | Path, *, archive: str | Path | None = None,
     (out / "logs").mkdir(parents=True, exist_ok=True)
     archive = Path(archive) if archive is not None else out / ARCHIVE_NAME
     archive.parent.mkdir(parents=True, exist_ok=True)
-    state = _Pass(plan, out, archive, command)
+    state = _Pass(plan, out, archive, command, archive_limit)
     start = time.monotonic()
     env = dict(os.environ, MEMLAB_DEVICE=plan.device, PYTHONUNBUFFERED="1")
     env.pop("MEMLAB_SCALE", None)  # the scale is passed on the command line

@@ -242,7 +242,9 @@ def _cuda_snapshot_timeline(step: _Step, path: str | None, max_entries: int):
     torch.cuda.synchronize(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     start = torch.cuda.memory_stats(dev)
-    mem._record_memory_history(max_entries=max_entries, device=dev)
+    # Python stacks only: the pickle stays small enough to carry, and memory_viz still names the
+    # line that allocated each block.
+    mem._record_memory_history(max_entries=max_entries, device=dev, stacks="python")
     try:
         step.run()
         torch.cuda.synchronize(dev)
