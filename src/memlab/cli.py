@@ -571,7 +571,8 @@ def main(argv: list[str] | None = None) -> int:
 
             for name in sorted(experiments()):
                 exp = experiments()[name]
-                print(f"{name}: {exp.summary} ({exp.chapter})")
+                print(f"{name}: {exp.summary} ({exp.chapter}; needs {exp.needs}, about "
+                      f"{exp.cost_s:.0f} s at full scale on a GPU, pass priority {exp.priority})")
                 for scale, size in exp.sizes.items():
                     print(f"    {scale:<5} {describe_sizes(size)}")
             return 0

@@ -57,9 +57,9 @@ def optimizer_step_memory(model: str = "tiny", *, repeats: int = 5, device=None)
     cfg = get_config(model)
     net = build_model(cfg, device=dev, seed=0)
     params = [p for p in net.parameters()]
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(device=dev).manual_seed(0)  # gradients made where they live
     for p in params:
-        p.grad = (torch.randn(p.shape, generator=g) * 1e-3).to(dev)
+        p.grad = torch.randn(p.shape, generator=g, device=dev) * 1e-3
     rows = []
     for name in OPTIMIZERS_COMPARED:
         opt = make_optimizer(name, params, lr=1e-4)
