@@ -6,7 +6,7 @@
 #
 # It uses that machine's own python3 and torch with PYTHONPATH=src (nothing is installed), the
 # pruned bitsandbytes in .gpu/site, and the commit written to .gpu/source.env. BUDGET_S (default
-# 540) is the whole call's: `memlab record` gets MEMLAB_RECORD_SHARE of it (default 0.6), the
+# 540) is the whole call's: `memlab record` gets MEMLAB_RECORD_SHARE of it (default 0.65), the
 # notebooks the rest; each stops itself at its share. OUT (default $OUT, else /tmp/gpu-pass)
 # receives at most four files: preflight.txt, gpu-pass.tar.gz (records, summary, logs),
 # notebooks.json and notebook-logs.tar.gz. MODE=record or MODE=notebooks runs one half only.
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 BUDGET=${1:-540}
 OUT=${2:-${OUT:-/tmp/gpu-pass}}
 MODE=${MODE:-all}
-SHARE=${MEMLAB_RECORD_SHARE:-0.6}
+SHARE=${MEMLAB_RECORD_SHARE:-0.65}
 PY=${PYTHON:-python3}
 WORK=${MEMLAB_GPU_WORK:-/tmp/memlab-gpu-work}
 DEVICE=${MEMLAB_PASS_DEVICE:-cuda}

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     print(f"wrote .gpu/site (bitsandbytes, {size / 2**20:.1f} MiB) and .gpu/source.env"
           + ("  -- the tree is dirty: commit first, so the records name their code" if dirty == "1"
              else ""))
-    share = 0.6
+    share = 0.65  # scripts/gpu_pass.sh: MEMLAB_RECORD_SHARE
     subprocess.run([sys.executable, "-m", "memlab", "record", "--dry-run", "--device", "cuda",
                     "--skip-recorded", "--budget", str(int(args.budget * share))], cwd=ROOT,
                    check=True)

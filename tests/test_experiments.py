@@ -18,7 +18,7 @@ def test_registry_names_chapters_and_sizes():
                                       "distributed-accelerate", "checkpointing-costs",
                                       "accumulation", "step-mfu", "offload", "scaling-grid",
                                       "allocator", "estimator-cuda", "tf32", "optimizer-8bit",
-                                      "generation-memory"}
+                                      "generation-memory", "step-times"}
     for exp in ex.experiments().values():
         assert set(exp.sizes) == {"ci", "full"}
         assert exp.chapter.startswith("chapters/")

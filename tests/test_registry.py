@@ -23,7 +23,8 @@ from memlab.results import load_record, make_record, save_record, writable_type
 CHEAP = ("step-memory", "trace-7b", "load-memory", "fp8-matmul", "quant-speed",
          "attention-flops", "attention-time", "finetune-fit", "finetune-context",
          "finetune-flops", "finetune-20b", "accumulation", "offload", "step-mfu",
-         "allocator", "estimator-cuda", "tf32", "optimizer-8bit", "generation-memory")
+         "allocator", "estimator-cuda", "tf32", "optimizer-8bit", "generation-memory",
+         "step-times")
 # Minutes or tens of seconds: run end to end too, but marked slow.
 COSTLY = ("estimator-accuracy", "mixed-precision", "quantization", "attention-memory",
           "attention-step", "gqa", "fusion-block", "finetune-compare", "finetune-lr",

@@ -133,7 +133,7 @@ def finetune_20b(scale: str | None = None) -> TwentyB:
           summary="the estimator with CUDA conventions held to torch.cuda.max_memory_allocated "
                   "over a grid of real steps (models, precisions, eager and SDPA attention, "
                   "checkpointing, optimizers, LoRA, QLoRA), PyTorch's MemTracker beside it",
-          sizes=CUDA_GRIDS, result=CudaCheck, needs="cuda", cost_s=150, priority=8)
+          sizes=CUDA_GRIDS, result=CudaCheck, needs="cuda", cost_s=110, priority=8)
 def estimator_cuda_run(scale: str | None = None) -> CudaCheck:
     """The estimator against the CUDA allocator on this GPU, or the reason it cannot run here (chapter: 1)."""
     from memlab.finetune.cuda_check import estimator_cuda

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from memlab.device import get_scale
 from memlab.experiments import register
-from memlab.precision.mixed import Fp8Matmul, MixedPrecisionResult
+from memlab.precision.mixed import Fp8Matmul, MixedPrecisionResult, StepTimes
 from memlab.precision.tf32 import Tf32Matmul
 
 # Mixed-precision training (chapter 2) ----------------------------------------------------------
@@ -75,3 +75,23 @@ def tf32(scale: str | None = None) -> Tf32Matmul:
     from memlab.precision.tf32 import tf32_matmul
 
     return tf32_matmul(**TF32_SIZES[get_scale(scale)])
+
+
+STEP_TIME_SIZES = {"ci": dict(model="tiny", batch_size=4, seq_len=64, steps=5, warmup=2),
+                   "full": MIXED_SIZES["full"]["times"]}
+
+
+@register(
+    "step-times",
+    chapter="chapters/02_number_formats",
+    summary="a training step's time in each precision mode (fp32, fp16 with and without loss "
+            "scaling, bf16 autocast, pure bf16), CUDA events; mixed-precision's timing alone",
+    sizes=STEP_TIME_SIZES,
+    result=StepTimes,
+    needs="cuda", cost_s=40, priority=21,
+)
+def step_times_run(scale: str | None = None) -> StepTimes:
+    """Per-mode step times on this GPU, or the reason they cannot be timed here (chapter: 2)."""
+    from memlab.precision.mixed import step_times
+
+    return step_times(**STEP_TIME_SIZES[get_scale(scale)])
