@@ -37,6 +37,11 @@ if [ "$DEVICE" = cuda ] && ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cu
   echo "gpu_pass: error: torch sees no CUDA GPU on this machine" | tee -a "$OUT/preflight.txt" >&2
   exit 2
 fi
+# memlab needs torch 2.5 or later (its memory tracker); say so in one line, before any work.
+if ! "$PY" -c 'import sys, torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(0 if v >= (2, 5) else 1)'; then
+  echo "gpu_pass: error: torch $("$PY" -c 'import torch; print(torch.__version__)') here; memlab needs 2.5 or later" | tee -a "$OUT/preflight.txt" >&2
+  exit 2
+fi
 
 if [ "$MODE" != notebooks ]; then
   record_budget=$("$PY" -c "print(int($(left) * ($SHARE if '$MODE' == 'all' else 1)))")
