@@ -261,11 +261,14 @@ def test_experiment_runs_and_serialises(experiment):
     assert "fp16 would flush to zero" in result.table()
 
 
-def test_fp8_experiment_runs_on_cpu(tmp_path, monkeypatch):
+def test_fp8_experiment_runs_on_cpu_and_records_nothing_there(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMLAB_DEVICE", "cpu")
-    result, record, path = memlab.experiments.run_experiment("fp8-matmul", "ci", tmp_path, command="test")
+    result, record, path = memlab.experiments.run_experiment("fp8-matmul", "ci", command="test")
     assert record.result["status"].startswith("not measurable on cpu")
-    assert json.loads(path.read_text())["result"]["fp8_ms"] is None
+    assert record.result["fp8_ms"] is None and path is None
+    with pytest.raises(MemlabError, match="fp8-matmul measures on a CUDA GPU only"):
+        memlab.experiments.run_experiment("fp8-matmul", "ci", tmp_path, command="test")
+    assert not any(tmp_path.iterdir())  # refused before running: nothing written
 
 
 def test_plots_return_figures_from_results_and_records(experiment):
