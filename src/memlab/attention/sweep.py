@@ -122,6 +122,12 @@ class TimeSweep:
         return sorted((r for r in self.rows if r.impl == impl and r.status == "measured"),
                       key=lambda r: r.T)
 
+    def by_length(self) -> dict[str, dict[int, float]]:
+        """Median milliseconds by implementation, then T: the measured ones (chapter: 4)."""
+        impls = dict.fromkeys(r.impl for r in self.rows)
+        return {impl: {r.T: round(r.median_ms, 3) for r in self.of(impl)} for impl in impls
+                if self.of(impl)}
+
     def ratio(self, num: str, den: str) -> dict[int, float]:
         """``num`` time over ``den`` time at each T both measured."""
         a = {r.T: r.median_ms for r in self.of(num)}

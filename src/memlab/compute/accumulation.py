@@ -121,6 +121,13 @@ class AccumulationSweep:
         """The sweep as a plain dict, rows as dicts (chapter: 7)."""
         return asdict(self)
 
+    def table_rows(self) -> list[dict]:
+        """One row per micro-batch for a page's table: the peak measured and over the estimate, time per sample (chapter: 7)."""
+        return [dict(micro_batch=r.micro_batch, steps=r.grad_accum_steps,
+                     peak_MiB_measured=round(r.measured_peak_bytes / 2**20, 3),
+                     measured_over_estimated=round(r.measured_over_estimated, 3),
+                     ms_per_sample=round(r.ms_per_sample, 2)) for r in self.rows]
+
     def table(self, unit: str = "MiB") -> str:
         """The sweep as a text table: peaks measured and estimated, time per sample (chapter: 7)."""
         lines = [f"gradient accumulation on {self.device}: {self.model} ({self.parameters:,} "

@@ -194,6 +194,16 @@ class CheckpointCosts:
         return dict(scale=self.scale, device=self.device, setup=self.setup,
                     plans=[p.as_dict() for p in self.plans])
 
+    def table_rows(self) -> list[dict]:
+        """One row per plan for a page's table: bytes measured and estimated, FLOPs and time against none (chapter: 7)."""
+        return [dict(plan=p.plan, saved_MiB=round(p.saved_bytes / 2**20, 2),
+                     saved_estimated_over_measured=round(p.estimated_saved_bytes / p.saved_bytes, 3),
+                     peak_MiB=round(p.peak_bytes / 2**20, 2),
+                     peak_estimated_over_measured=round(p.estimated_peak_bytes / p.peak_bytes, 3),
+                     flops_x=round(self.flops_ratio(p.plan), 3),
+                     flops_x_no_early_stop=round(self.flops_ratio(p.plan, whole=True), 3),
+                     time_x=round(self.time_ratio(p.plan), 2)) for p in self.plans]
+
     def table(self, unit: str = "MiB") -> str:
         """Measured bytes, counted FLOPs and measured time of each plan, against none (chapter: 7)."""
         from memlab.units import to_unit

@@ -253,6 +253,20 @@ class GenerationMemory:
     device: str
     rows: list[GenerationRow]
 
+    def table_rows(self) -> list[dict]:
+        """One row per generation for a page's table: the cache, the peak and its phase, estimate over measured (chapter: 4)."""
+        out = []
+        for r in self.rows:
+            m, s = r.measured, r.measured.setup
+            out.append(dict(model=s["model"], batch=s["batch_size"], prompt=s["prompt_len"],
+                            new=s["new_tokens"], dtype=s["dtype"],
+                            kv_cache_MiB=round(m.kv_cache_bytes / 2**20, 4),
+                            measured_peak_MiB=round(m.peak_bytes / 2**20, 4),
+                            peak_phase="prefill" if m.prefill_peak_bytes >= m.decode_peak_bytes
+                            else "decode",
+                            estimate_over_measured=round(r.estimated_peak_bytes / m.peak_bytes, 4)))
+        return out
+
 
 @register(
     "generation-memory",

@@ -40,6 +40,13 @@ class OptimStepMemory:
     parameters: int
     rows: list[OptimStepRow]
 
+    def table_rows(self) -> list[dict]:
+        """One row per optimizer for a page's table (chapter: 3)."""
+        return [dict(optimizer=r.optimizer, state_bytes=r.state_bytes,
+                     bytes_per_parameter=round(r.bytes_per_param, 3),
+                     step_peak_bytes=r.step_peak_bytes, step_ms=round(r.step_ms, 2))
+                for r in self.rows]
+
 
 def _state_bytes(opt: torch.optim.Optimizer) -> int:
     return sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
