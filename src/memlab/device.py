@@ -67,18 +67,23 @@ def pick_device(prefer: str | torch.device | None = None) -> torch.device:
 
 
 @contextlib.contextmanager
-def forced_device(kind: str) -> Iterator[None]:
-    """Within the block, :func:`pick_device` answers ``kind`` (as ``$MEMLAB_DEVICE`` would) (chapter: all)."""
-    check_choice("device", kind, DEVICES)
-    old = os.environ.get(DEVICE_ENV)
-    os.environ[DEVICE_ENV] = kind
+def env_set(key: str, value: str) -> Iterator[None]:
+    """Within the block, the environment variable ``key`` is ``value``; as it was after (chapter: all)."""
+    old = os.environ.get(key)
+    os.environ[key] = value
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop(DEVICE_ENV, None)
+            os.environ.pop(key, None)
         else:
-            os.environ[DEVICE_ENV] = old
+            os.environ[key] = old
+
+
+def forced_device(kind: str):
+    """Within the block, :func:`pick_device` answers ``kind`` (as ``$MEMLAB_DEVICE`` would) (chapter: all)."""
+    check_choice("device", kind, DEVICES)
+    return env_set(DEVICE_ENV, kind)
 
 
 def get_scale(scale: str | None = None, device: torch.device | None = None) -> str:

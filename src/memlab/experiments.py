@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from memlab.device import forced_device, get_scale, pick_device
+from memlab.device import env_set, forced_device, get_scale, pick_device
 from memlab.errors import MemlabError, check_choice
 
 NEEDS = ("cuda", "cpu", "any")
@@ -118,19 +117,6 @@ def describe_sizes(size) -> str:
     return str(size)
 
 
-@contextlib.contextmanager
-def _env(key: str, value: str):
-    old = os.environ.get(key)
-    os.environ[key] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = old
-
-
 def check_recordable(exp: Experiment) -> None:
     """Refuse, in one line, to write a record this device cannot make (chapter: all).
 
@@ -165,13 +151,13 @@ def run_experiment(name: str, scale: str | None = None, out: str | Path | None =
         if exp.needs == "cpu":
             stack.enter_context(forced_device("cpu"))
         if out is not None:  # files written beside the record (memlab.results.artifact_path)
-            stack.enter_context(_env(ARTIFACTS_ENV, str(Path(out) / name)))
+            stack.enter_context(env_set(ARTIFACTS_ENV, str(Path(out) / name)))
         result = exp.fn(scale)
     wall = time.perf_counter() - start
     if not isinstance(result, exp.result):
         raise MemlabError(f"experiment {name!r} returned a {type(result).__name__}, "
                           f"not its declared {exp.result.__name__}")
-    device = torch.device("cpu") if exp.needs == "cpu" else pick_device()
+    device = torch.device(exp.run_device())
     record = make_record(name, scale, result, command=command, device=device, wall_s=wall,
                          sizes=exp.sizes[scale])
     path = save_record(record, out) if out is not None else None

@@ -90,7 +90,7 @@ def without_avx512bf16(monkeypatch):
 @pytest.mark.parametrize("has", [True, False])
 def test_bitsandbytes_default_path_follows_the_cpu_feature(monkeypatch, has):
     monkeypatch.setattr(bnb.functional, "has_avx512bf16", lambda: has)
-    assert cpu_paths.bnb_default_path(64, IN) == ("packed" if has else "dequantize")
+    assert cpu_paths.bnb_default_path() == ("packed" if has else "dequantize")
 
 
 def test_bitsandbytes_own_flag_repacks_in_place_and_fails_on_48_rows(linear):

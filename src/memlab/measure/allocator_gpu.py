@@ -32,7 +32,6 @@ from memlab.measure.allocator import (
     ALLOC_CONF_ENV,
     Fragmentation,
     format_size,
-    fragmentation,
     measure_cuda_blocks,
 )
 from memlab.measure.timeline import MemoryTimeline, measure_timeline
@@ -191,7 +190,3 @@ def allocator_record(scale: str = "full", device=None) -> AllocatorRecord:
     return AllocatorRecord("measured", device_name(dev), blocks, off, on, oom,
                            timeline, name if path is not None else None)
 
-
-def fragmentation_rules() -> Fragmentation:
-    """The same pattern computed from the rules, as the CPU shows it (chapter: 0)."""
-    return fragmentation(device="cpu")

@@ -49,15 +49,13 @@ def packable(out_features: int, in_features: int) -> bool:
     return out_features % PACK_BLOCK_N == 0 and in_features % 2 == 0
 
 
-def bnb_default_path(out_features: int, in_features: int) -> str:
+def bnb_default_path() -> str:
     """The path bitsandbytes' ``Linear4bit`` takes on this CPU in eval mode without gradients (chapter: 3).
 
-    ``packed`` on a CPU with AVX512-BF16, else ``dequantize``. On such a CPU a layer whose
-    shape the packed layout cannot hold stops with bitsandbytes' assertion ("N must be
-    divisible by block_n"); this function still answers ``packed``: it is what bitsandbytes
-    tries.
+    ``packed`` on a CPU with AVX512-BF16, else ``dequantize``, whatever the layer's shape: on
+    such a CPU a layer the packed layout cannot hold stops with bitsandbytes' assertion ("N
+    must be divisible by block_n").
     """
-    del out_features, in_features  # bitsandbytes does not look at the shape before it tries
     return "packed" if cpu_has_avx512bf16() else "dequantize"
 
 
