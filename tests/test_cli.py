@@ -121,8 +121,8 @@ def test_estimate_malformed_config_file(capsys, cli_error, tmp_path):
 
 
 def test_estimate_and_trace_json_keys(capsys):
-    keys = {"parameters", "weights_bytes", "gradients_bytes", "optimizer_bytes",
-            "activations_bytes", "peak_bytes"}
+    keys = {"parameters", "parameters_bytes", "gradients_bytes", "optimizer_states_bytes",
+            "saved_activations_bytes", "peak_bytes"}
     for cmd in ("estimate", "trace"):
         assert main([cmd, "--model", "tiny", "--batch-size", "2", "--seq-len", "16", "--json"]) == 0
         body = json.loads(capsys.readouterr().out)
@@ -154,7 +154,7 @@ def test_estimate_inference_json_gives_the_kv_cache_per_token(capsys, model, per
     d = json.loads(capsys.readouterr().out)
     assert d["kv_cache_bytes_per_token"] == per_token  # 16-bit: 2 x layers x kv heads x hs x 2
     assert d["kv_cache_bytes"] == per_token * 2 * 1024
-    assert d["peak_bytes"] >= d["weights_bytes"] + d["kv_cache_bytes"]
+    assert d["peak_bytes"] >= d["parameters_bytes"] + d["kv_cache_bytes"]
     assert main(["estimate", "--inference", "--model", model, "--batch-size", "2",
                  "--seq-len", "1024", "--new-tokens", "16", "--kv-precision", "fp32",
                  "--json"]) == 0
@@ -169,7 +169,7 @@ def test_estimate_inference_is_held_to_the_trace(capsys):
     d = json.loads(capsys.readouterr().out)
     traced = trace_inference("tiny", batch_size=2, prompt_len=40, new_tokens=8, dtype="bf16")
     assert d["kv_cache_bytes"] == traced.kv_cache_bytes
-    assert d["weights_bytes"] == traced.weights_bytes
+    assert d["parameters_bytes"] == traced.parameters_bytes
     assert abs(d["peak_bytes"] / traced.peak_bytes - 1) < 0.03
 
 

@@ -7,7 +7,8 @@ command line (``python -m memlab run <experiment> --scale full --out results/``)
 from memlab._version import __version__
 from memlab.device import env_report, get_scale, pick_device, seed_all
 from memlab.errors import MemlabError
-from memlab.model.transformer import ModelConfig, build_model, get_config
+from memlab.model.config import ModelConfig, get_config
+from memlab.model.transformer import build_model
 
 __all__ = [
     "MemlabError",

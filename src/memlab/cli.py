@@ -227,7 +227,7 @@ def _int_list(flag: str, text: str) -> tuple[int, ...]:
 def _cmd_plan(args) -> int:
     """``memlab plan``: every set-up that fits the GPU, cheapest first."""
     from memlab.compute.plan import GPU_COUNTS, plan_training
-    from memlab.model.transformer import get_config
+    from memlab.model.config import get_config
 
     trains = tuple(t.strip() for t in args.trains.split(",") if t.strip())
     counts = GPU_COUNTS if args.gpus is None else _int_list("--gpus", args.gpus)
@@ -287,8 +287,7 @@ def _cmd_bits(args) -> int:
 
 
 def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
-    from memlab.model.train import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS
-    from memlab.model.transformer import PRESETS
+    from memlab.model.config import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, PRESETS
 
     p.add_argument("--model", required=True,
                    help=f"a preset ({', '.join(PRESETS)}) or a path to a Hugging Face config.json")
@@ -340,23 +339,14 @@ def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
 
 
 def _step_json(result, mode: str, spec) -> dict:
-    """The common keys of an estimate and a trace, plus the phase peaks."""
-    if mode == "estimate":
-        d = result.as_dict()
-        keys = dict(weights_bytes=d["weights_bytes"], gradients_bytes=d["gradients_bytes"],
-                    optimizer_bytes=d["optimizer_bytes"], activations_bytes=d["activations_bytes"])
+    """An estimate's or a trace's own fields (one vocabulary, memlab.model.step.STEP_BYTES), its
+    conventions, and the step's FLOPs."""
+    d = result.as_dict()
+    if mode == "estimate":  # the estimate says whose conventions it follows; a trace is on CPU
+        d = {"mode": "estimated", "conventions": result.setup["device"]} | d
     else:
-        d = result.as_dict()
-        steady = result.phase_breakdown["optimizer"]  # parameters, grads and states all alive
-        keys = dict(weights_bytes=steady["parameters"], gradients_bytes=steady["gradients"],
-                    optimizer_bytes=steady["optimizer_states"],
-                    activations_bytes=result.saved_activations_bytes)
-    # The trace runs on fake CPU tensors, so it follows CPU conventions; the estimate says which.
-    conventions = result.setup.get("device", "cpu") if mode == "estimate" else "cpu"
-    return dict(mode=mode, conventions=conventions, parameters=result.setup["parameters"], **keys,
-                peak_bytes=result.peak_bytes, peak_phase=result.peak_phase,
-                phase_peak_bytes=result.phase_peak_bytes, setup=result.setup,
-                **_flops_json(result, mode, spec))
+        d |= {"conventions": "cpu", "parameters": result.setup["parameters"]}
+    return d | _flops_json(result, mode, spec)
 
 
 def _flops_json(result, mode: str, spec) -> dict:
@@ -381,8 +371,8 @@ _TRAINING_ONLY = (("optimizer", "--optimizer", None), ("optimizer_impl", "--opti
 
 def _cmd_inference(args) -> int:
     """``memlab estimate --inference``: weights, KV cache and peak of generation."""
-    from memlab.memory.inference import estimate_inference
-    from memlab.model.transformer import get_config
+    from memlab.memory.estimator import estimate_inference
+    from memlab.model.config import get_config
 
     for attr, flag, unset in _TRAINING_ONLY:
         if getattr(args, attr) != unset:
@@ -400,11 +390,8 @@ def _cmd_inference(args) -> int:
                              new, kv_precision=args.kv_precision)
     tokens = args.batch_size * args.seq_len
     if args.json:
-        print(json.dumps(dict(mode="inference", parameters=est.setup["parameters"],
-                              weights_bytes=est.weights_bytes, kv_cache_bytes=est.kv_cache_bytes,
-                              kv_cache_bytes_per_token=est.kv_cache_bytes // tokens,
-                              peak_bytes=est.peak_bytes, peak_phase=est.peak_phase,
-                              phase_peak_bytes=est.phase_peak_bytes, setup=est.setup)))
+        print(json.dumps({"mode": "estimated"} | est.as_dict()
+                         | {"kv_cache_bytes_per_token": est.kv_cache_bytes // tokens}))
     else:
         print(est.table())
         print(f"KV cache per token: {est.kv_cache_bytes // tokens:,} bytes")
@@ -412,9 +399,10 @@ def _cmd_inference(args) -> int:
 
 
 def _cmd_step(args, mode: str) -> int:
-    from memlab.finetune.estimate import estimate_finetune
-    from memlab.measure.step import StepSpec, trace_step
-    from memlab.model.transformer import get_config
+    from memlab.measure.step import trace_step
+    from memlab.memory.estimator import estimate
+    from memlab.model.config import get_config
+    from memlab.model.step import StepSpec
 
     sharded = getattr(args, "zero_stage", None) is not None or getattr(args, "gpus", None) is not None
     if sharded or getattr(args, "offload", None) is not None:
@@ -430,8 +418,14 @@ def _cmd_step(args, mode: str) -> int:
                     optimizer_impl=args.optimizer_impl or "foreach",
                     checkpointing=args.checkpointing, grad_accum_steps=args.grad_accum,
                     attention=args.attention, prepare=prepare)
-    result = (estimate_finetune(spec, device=args.device) if mode == "estimate"
-              else trace_step(spec, count_flops=True))
+    if mode == "trace":
+        result = trace_step(spec, count_flops=True)
+    elif prepare is None:  # a plain step: the plain estimator
+        result = estimate(spec, device=args.device)
+    else:  # a fine-tuning set-up (chapter 5)
+        from memlab.finetune.estimate import estimate_finetune
+
+        result = estimate_finetune(spec, device=args.device)
     if args.json:
         print(json.dumps(_step_json(result, mode, spec) | {"trainable_parameters": trainable}))
     else:
@@ -445,8 +439,8 @@ def _cmd_sharded(args) -> int:
     from memlab.distributed.estimate import estimate_sharded
     from memlab.distributed.zero import check_gpus, check_offload, check_stage
     from memlab.finetune.estimate import estimate_finetune
-    from memlab.measure.step import StepSpec
-    from memlab.model.transformer import get_config
+    from memlab.model.config import get_config
+    from memlab.model.step import StepSpec
 
     flag = "--zero-stage" if args.zero_stage is not None else "--gpus"
     if args.zero_stage is None and args.gpus is None:
@@ -486,17 +480,18 @@ def _cmd_sharded(args) -> int:
 
 def _finetune_setup(args, cfg):
     """The set-up (a prepare hook) and the trainable-parameter count of --lora-rank, --freeze, --quantize-base."""
-    from memlab.finetune import LoraConfig, Setup, trainable_parameters
-    from memlab.finetune.qlora import BASE_SCHEMES
-
     lora_opts = {"--lora-alpha": args.lora_alpha, "--lora-targets": args.lora_targets,
                  "--quantize-base": args.quantize_base}
     if args.lora_rank is None:
         given = [k for k, v in lora_opts.items() if v is not None]
         if given:
             raise MemlabError(f"{given[0]} needs --lora-rank")
-        if args.freeze is None:
-            return None, trainable_parameters(cfg)
+        if args.freeze is None:  # a plain step: every parameter trains
+            return None, cfg.num_parameters()
+    from memlab.finetune import LoraConfig, Setup, trainable_parameters
+    from memlab.finetune.qlora import BASE_SCHEMES
+
+    if args.lora_rank is None:
         if isinstance(args.freeze, int) and args.freeze <= 0:
             raise MemlabError(f"--freeze needs a positive number of blocks to keep trainable, "
                               f"got {args.freeze}")

@@ -18,7 +18,8 @@ from memlab.attention.fusion import (
     writes_values,
 )
 from memlab.errors import MemlabError
-from memlab.model.transformer import Block, get_config, rope_cache
+from memlab.model.config import get_config
+from memlab.model.transformer import Block, rope_cache
 from memlab.results import make_record, writable_type
 
 TINY = dict(batch_size=1, seq_len=16, repeats=1, warmup=0, device="cpu")

@@ -7,8 +7,8 @@ import pytest
 from memlab.attention import kv_bytes_per_token, longest_context, tokens_where_cache_equals_weights
 from memlab.errors import MemlabError
 from memlab.gpus import get_gpu
-from memlab.memory.inference import estimate_inference
-from memlab.model.transformer import get_config
+from memlab.memory.estimator import estimate_inference
+from memlab.model.config import get_config
 
 
 def test_bytes_per_token_of_the_presets():

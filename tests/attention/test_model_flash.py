@@ -10,7 +10,7 @@ import torch
 
 import memlab.model.flash as flash_mod
 from memlab.measure.step import measure_step, trace_step
-from memlab.memory.training import estimate
+from memlab.memory.estimator import estimate
 from memlab.model import KVCache, ModelConfig, build_model, get_config
 
 GQA = ModelConfig(name="gqa", vocab_size=64, n_layer=2, n_head=4, n_kv_head=2, d_model=64,
@@ -86,7 +86,7 @@ def test_estimate_agrees_with_trace_for_flash(n_kv_head, precision, ckpt, T):
     kw = dict(batch_size=2, seq_len=T, precision=precision, checkpointing=ckpt)
     traced = trace_step(cfg, **kw)
     est = estimate(cfg, device="cpu", **kw)
-    assert est.activations_bytes == pytest.approx(traced.saved_activations_bytes, rel=0.03)
+    assert est.saved_activations_bytes == pytest.approx(traced.saved_activations_bytes, rel=0.03)
     assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.03)
 
 
@@ -95,7 +95,7 @@ def test_estimate_agrees_with_a_real_cpu_step_for_flash(precision):
     kw = dict(batch_size=2, seq_len=128, precision=precision, attention="flash")
     measured = measure_step("tiny", device="cpu", **kw)
     est = estimate("tiny", device="cpu", **kw)
-    assert est.activations_bytes == pytest.approx(measured.saved_activations_bytes, rel=0.03)
+    assert est.saved_activations_bytes == pytest.approx(measured.saved_activations_bytes, rel=0.03)
     assert est.peak_bytes == pytest.approx(measured.peak_bytes, rel=0.03)
 
 
@@ -106,7 +106,7 @@ def test_flash_saves_less_than_sdpa_only_by_the_unrepeated_keys_and_values():
     flash = estimate(dataclasses.replace(GQA, attention="flash"), device="cpu", **kw)
     B, T, L, hs = 2, 128, GQA.n_layer, GQA.head_dim
     repeated = 2 * B * (GQA.n_head - GQA.kv_heads) * T * hs * 4  # k and v, fp32
-    assert sdpa.activations_bytes - flash.activations_bytes == L * repeated
+    assert sdpa.saved_activations_bytes - flash.saved_activations_bytes == L * repeated
 
 
 @pytest.mark.slow
@@ -116,7 +116,7 @@ def test_estimate_agrees_with_trace_for_llama2_7b_flash(T):
     kw = dict(batch_size=1, seq_len=T, precision="bf16-mixed")
     traced = trace_step(cfg, **kw)
     est = estimate(cfg, device="cpu", **kw)
-    assert est.activations_bytes == pytest.approx(traced.saved_activations_bytes, rel=0.03)
+    assert est.saved_activations_bytes == pytest.approx(traced.saved_activations_bytes, rel=0.03)
     assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.03)
 
 
@@ -131,7 +131,7 @@ def test_cli_estimate_and_trace_take_flash():
                               text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         out[cmd] = json.loads(proc.stdout)
-    assert out["estimate"]["activations_bytes"] == pytest.approx(out["trace"]["activations_bytes"], rel=0.03)
+    assert out["estimate"]["saved_activations_bytes"] == pytest.approx(out["trace"]["saved_activations_bytes"], rel=0.03)
     assert out["estimate"]["peak_bytes"] == pytest.approx(out["trace"]["peak_bytes"], rel=0.03)
     bad = subprocess.run([sys.executable, "-m", "memlab", "estimate", "--model", "tiny",
                           "--attention", "flashy", "--batch-size", "1", "--seq-len", "8"],

@@ -16,8 +16,9 @@ from memlab.compute.accumulation import (
     gamma,
 )
 from memlab.errors import MemlabError
+from memlab.model.config import get_config
 from memlab.model.train import make_optimizer
-from memlab.model.transformer import build_model, get_config
+from memlab.model.transformer import build_model
 
 
 def _one_line(exc: pytest.ExceptionInfo) -> str:

@@ -5,8 +5,8 @@ import pytest
 from memlab.compute.checkpointing import checkpointing_costs, checkpointing_curve, curve_plans
 from memlab.compute.flops import step_flops
 from memlab.errors import MemlabError
-from memlab.measure.step import StepSpec
 from memlab.model.checkpoint import Checkpointing
+from memlab.model.step import StepSpec
 
 
 @pytest.fixture(scope="module")

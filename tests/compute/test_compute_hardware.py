@@ -29,8 +29,9 @@ from memlab.compute.hardware import (
 )
 from memlab.errors import MemlabError
 from memlab.gpus import CATALOGUE, LEGACY
-from memlab.measure.step import StepSpec
-from memlab.model.transformer import build_model, get_config, lm_loss
+from memlab.model.config import get_config
+from memlab.model.step import StepSpec
+from memlab.model.transformer import build_model, lm_loss
 
 GiB = 2**30
 

@@ -23,8 +23,9 @@ from memlab.compute.offload import (
 from memlab.distributed.estimate import estimate_sharded
 from memlab.errors import MemlabError
 from memlab.gpus import get_gpu
+from memlab.model.config import ModelConfig, get_config
 from memlab.model.train import make_optimizer
-from memlab.model.transformer import ModelConfig, build_model, get_config, lm_loss
+from memlab.model.transformer import build_model, lm_loss
 
 SMALL = ModelConfig(name="offload-test", vocab_size=96, n_layer=2, n_head=2, d_model=32, d_ff=64,
                     max_seq_len=32)

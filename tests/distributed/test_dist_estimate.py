@@ -10,8 +10,8 @@ from memlab.distributed.estimate import LAYOUT_OF, ShardedEstimate, estimate_sha
 from memlab.distributed.plan import ZERO_PAPER, ZERO_PAPER_MODEL, ZERO_PAPER_QUOTED_GB
 from memlab.distributed.zero import model_states
 from memlab.errors import MemlabError
-from memlab.measure.step import StepSpec
-from memlab.model.transformer import get_config
+from memlab.model.config import get_config
+from memlab.model.step import StepSpec
 
 SMALL = dict(batch_size=2, seq_len=64)
 
@@ -62,7 +62,7 @@ def test_the_activation_side_is_the_one_gpu_estimates_in_the_precision_each_gpu_
     assert est.setup["precision"] == "bf16-mixed" and est.setup["compute_precision"] == "bf16"
     fp32 = estimate_sharded("tiny", zero_stage=3, gpus=4, **SMALL)
     assert fp32.base.setup["precision"] == "fp32"
-    assert fp32.base.activations_bytes > est.base.activations_bytes
+    assert fp32.base.saved_activations_bytes > est.base.saved_activations_bytes
 
 
 def test_the_peak_shrinks_with_the_stage_and_the_number_of_gpus():
@@ -89,7 +89,7 @@ def test_offloading_leaves_the_gathered_units_and_the_activations():
     assert none.per_gpu_peak_bytes > opt.per_gpu_peak_bytes > params.per_gpu_peak_bytes
     assert params.per_gpu_model_state_bytes == 0
     assert params.cpu_offloaded_bytes == none.per_gpu_model_state_bytes
-    assert params.per_gpu_peak_bytes > params.base.activations_bytes
+    assert params.per_gpu_peak_bytes > params.base.saved_activations_bytes
 
 
 def test_a_step_spec_and_the_result_as_json_and_text():

@@ -88,7 +88,7 @@ def test_every_strategy_trains_like_one_process(result):
 
 
 def test_a_run_that_would_not_fit_is_refused_before_it_starts():
-    from memlab.model.transformer import get_config
+    from memlab.model.config import get_config
 
     with pytest.raises(MemlabError, match=r"4 ranks of llama2-70b need about .* GiB \(estimated\)"):
         distributed_memory(get_config("llama2-70b"), nproc=4)

@@ -15,7 +15,8 @@ from memlab.distributed.parallel import (
     tp_plan,
 )
 from memlab.errors import MemlabError
-from memlab.model.transformer import Block, ModelConfig, build_model, get_config
+from memlab.model.config import ModelConfig, get_config
+from memlab.model.transformer import Block, build_model
 
 SPLIT_LINEARS = {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj",
                  "mlp.up_proj", "mlp.down_proj"}

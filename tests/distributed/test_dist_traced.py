@@ -11,7 +11,8 @@ import torch.distributed as dist
 from memlab.distributed import traced
 from memlab.distributed.traced import ShardedTrace, trace_sharded
 from memlab.errors import MemlabError
-from memlab.model.transformer import build_model, get_config
+from memlab.model.config import get_config
+from memlab.model.transformer import build_model
 
 TINY = get_config("tiny")
 UNEVEN = get_config("tiny", d_ff=170)  # 170 rows: padded to 172 over 4 ranks, 176 over 8

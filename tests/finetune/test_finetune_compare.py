@@ -49,7 +49,7 @@ def test_the_result_is_storable_and_bad_names_are_refused(comp):
 
 def test_setups_name_themselves_in_the_step_and_refuse_bad_combinations():
     from memlab.finetune import SETUPS, Setup
-    from memlab.measure.step import StepSpec
+    from memlab.model.step import StepSpec
 
     spec = StepSpec(TINY_LM.model_config(), batch_size=2, seq_len=8, prepare=SETUPS[2])
     assert spec.as_dict()["prepare"] == SETUPS[2].name

@@ -11,8 +11,9 @@ from memlab.finetune.estimate import (
     estimate_finetune,
     quantized_weight_bytes,
 )
-from memlab.measure.step import StepSpec, measure_step, trace_step
+from memlab.measure.step import measure_step, trace_step
 from memlab.memory import estimate
+from memlab.model.step import StepSpec
 
 TOL = 0.03  # the issue's bound; most set-ups land within a few bytes
 
@@ -34,11 +35,11 @@ def test_estimate_is_held_to_the_trace(model, precision, setup):
     spec = StepSpec(model, batch_size=2, seq_len=48, precision=precision, prepare=setup)
     traced, est = trace_step(spec), estimate_finetune(spec, device="cpu")
     assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=TOL)
-    assert est.activations_bytes == pytest.approx(traced.saved_activations_bytes, rel=TOL)
+    assert est.saved_activations_bytes == pytest.approx(traced.saved_activations_bytes, rel=TOL)
     steady = traced.phase_breakdown["optimizer"]
-    assert est.weights_bytes == steady["parameters"]
+    assert est.parameters_bytes == steady["parameters"]
     assert est.gradients_bytes == steady["gradients"]
-    assert est.optimizer_bytes == steady["optimizer_states"]
+    assert est.optimizer_states_bytes == steady["optimizer_states"]
 
 
 @pytest.mark.parametrize("setup", SET_UPS[::2], ids=lambda s: s.name)
@@ -71,7 +72,7 @@ def test_qlora_is_held_to_a_measured_step_of_the_books_model():
     est = estimate_finetune(spec, device="cpu")
     assert est.peak_bytes == pytest.approx(measured.peak_bytes, rel=TOL)
     # the 4-bit codes with their scales, counted from bitsandbytes' own tensors
-    assert est.weights_bytes == measured.phase_breakdown["optimizer"]["parameters"]
+    assert est.parameters_bytes == measured.phase_breakdown["optimizer"]["parameters"]
 
 
 def test_no_set_up_is_the_chapter_1_estimate():
@@ -84,9 +85,9 @@ def test_lora_leaves_the_activations_and_freezing_removes_them():
     full = estimate_finetune("llama2-7b", **kw)
     lora = estimate_finetune("llama2-7b", lora=LoraConfig(r=8), **kw)
     last = estimate_finetune("llama2-7b", train_last=2, **kw)
-    assert lora.activations_bytes > 0.7 * full.activations_bytes
-    assert last.activations_bytes < 0.1 * full.activations_bytes
-    assert lora.optimizer_bytes < 0.01 * full.optimizer_bytes
+    assert lora.saved_activations_bytes > 0.7 * full.saved_activations_bytes
+    assert last.saved_activations_bytes < 0.1 * full.saved_activations_bytes
+    assert lora.optimizer_states_bytes < 0.01 * full.optimizer_states_bytes
 
 
 @pytest.mark.parametrize("scheme", ["nf4", "nf4-dq", "fp4", "int8"])

@@ -8,9 +8,10 @@ import pytest
 
 from memlab.errors import MemlabError
 from memlab.finetune import LoraConfig, freeze_all_but_last, inject_lora, trainable_parameters
-from memlab.measure.step import StepSpec, measure_step, trace_step
-from memlab.memory.training import estimate
+from memlab.measure.step import measure_step, trace_step
+from memlab.memory.estimator import estimate
 from memlab.model import get_config
+from memlab.model.step import StepSpec
 
 TINY = get_config("tiny")
 LORA = LoraConfig(r=4)

@@ -20,15 +20,10 @@ from memlab.gpus import CATALOGUE, RESERVED_BYTES, fits, get_gpu  # noqa: E402
 from memlab.interactive import estimator as est  # noqa: E402
 from memlab.interactive.estimator import estimate_summary, render_outputs  # noqa: E402
 from memlab.interactive.page import static_script  # noqa: E402
-from memlab.measure.step import PHASES  # noqa: E402
-from memlab.memory.training import (  # noqa: E402
-    BNB_BLOCK,
-    BNB_MIN_NUMEL,
-    COMPUTE_BYTES,
-    PARAM_BYTES,
-    estimate,
-)
-from memlab.model.transformer import PRESETS, config_from_hf_dict, get_config  # noqa: E402
+from memlab.memory.activations import COMPUTE_BYTES, PARAM_BYTES
+from memlab.memory.estimator import BNB_BLOCK, BNB_MIN_NUMEL, estimate
+from memlab.model.config import PRESETS, config_from_hf_dict, get_config  # noqa: E402
+from memlab.model.step import PHASES  # noqa: E402
 
 
 def _text(outputs) -> str:

@@ -19,8 +19,8 @@ import pytest
 from memlab.errors import MemlabError
 from memlab.gpus import CATALOGUE
 from memlab.interactive import estimator as est
-from memlab.measure.step import PHASES
-from memlab.model.transformer import PRESETS, config_from_hf_dict
+from memlab.model.config import PRESETS, config_from_hf_dict
+from memlab.model.step import PHASES
 
 pytestmark = pytest.mark.browser
 

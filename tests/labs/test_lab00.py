@@ -19,7 +19,7 @@ from memlab.labs.lab00 import (
     short_slips,
 )
 from memlab.measure.step import measure_step
-from memlab.model.transformer import get_config
+from memlab.model.config import get_config
 
 SIZE = SIZES["ci"]
 B, T = SIZE["batch_size"], SIZE["seq_len"]

@@ -26,7 +26,7 @@ from memlab.labs.lab01 import (
     trace_blocks,
 )
 from memlab.measure.step import measure_step
-from memlab.memory.training import saved_tensors
+from memlab.memory.activations import saved_tensors
 
 B, T = BLOCK["batch_size"], BLOCK["seq_len"]
 

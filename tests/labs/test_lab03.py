@@ -26,7 +26,7 @@ from memlab.labs.lab03 import (
     scheme_table,
     tensor,
 )
-from memlab.model.transformer import PRESETS
+from memlab.model.config import PRESETS
 from memlab.quant.functional import LLM_INT8_THRESHOLD, bits_per_parameter, zeropoint_quantize
 
 

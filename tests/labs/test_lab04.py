@@ -36,8 +36,8 @@ from memlab.labs.lab04 import (
     saved_tensors,
     scores,
 )
+from memlab.model.config import get_config
 from memlab.model.flash import naive_attention
-from memlab.model.transformer import get_config
 
 
 @pytest.fixture

@@ -46,7 +46,8 @@ from memlab.labs.lab05 import (
     setup_slips,
     weight_bytes_slips,
 )
-from memlab.model.transformer import build_model, get_config
+from memlab.model.config import get_config
+from memlab.model.transformer import build_model
 
 
 @pytest.fixture
@@ -308,7 +309,7 @@ def _qlora_by_hand(*, scales="dq", second_level=True, offsets=True, adapter_byte
 def test_weight_bytes_are_the_estimates():
     expected = qlora_weight_bytes()
     assert expected == _qlora_by_hand() == sum(qlora_weight_parts().values())
-    assert expected == qlora_estimate().weights_bytes
+    assert expected == qlora_estimate().parameters_bytes
     cfg = get_config(QLORA_SETUP["model"])
     assert expected - ADAPTER_BYTES * lora_count("llama3-8b, r=16, all-linear") == \
         base_weight_bytes(cfg, "bf16", "nf4-dq")
@@ -425,7 +426,7 @@ def test_setup_mistakes_are_named(lab, capsys, slip, words):
     if slip == "weights":
         picked = _first_fitting(usable, lambda n: estimate_finetune(
             JOB["model"], batch_size=JOB["batch_size"], seq_len=JOB["seq_len"],
-            **MENU[n]).weights_bytes)
+            **MENU[n]).parameters_bytes)
     elif slip == "no-checkpointing":
         picked = _first_fitting(usable, lambda n: _peak(n, checkpointing=False))
     elif slip == "one-sequence":
@@ -457,12 +458,12 @@ def test_the_mark_schemes_claims():
     fine-tuning with checkpointing; an adapted linear keeps an fp32 copy of its input."""
     usable = get_gpu(JOB["gpu"]).usable_bytes
     full = setup_estimate("full, bf16-mixed, checkpointing")
-    assert full.weights_bytes + full.gradients_bytes + full.optimizer_bytes > usable
+    assert full.parameters_bytes + full.gradients_bytes + full.optimizer_states_bytes > usable
     assert min(MENU, key=_peak) == "QLoRA all-linear, checkpointing"
     assert best_setup("T4") == "QLoRA all-linear, checkpointing"
     assert best_setup("H200") == "full, bf16-mixed, checkpointing"
     chosen = setup_estimate(best_setup())
-    assert chosen.activations_bytes < chosen.weights_bytes
+    assert chosen.saved_activations_bytes < chosen.parameters_bytes
     assert any("adapter" in t.name and t.dtype == "fp32" for t in setup_estimate("LoRA q,v").saved)
 
 

@@ -40,7 +40,7 @@ from memlab.labs.lab07 import (
     sentence_problem,
     setup_slips,
 )
-from memlab.memory.training import estimate
+from memlab.memory.estimator import estimate
 from memlab.model.checkpoint import parse_checkpointing
 from memlab.units import to_unit
 
@@ -218,7 +218,7 @@ def test_saved_pieces_are_the_estimates_ends():
         p = saved_pieces(a["cfg"], a["batch_size"], a["seq_len"], a["precision"])
         assert set(p) == set(PIECES)
         kw = dict(batch_size=a["batch_size"], seq_len=a["seq_len"], precision=a["precision"])
-        assert estimate(cfg, checkpointing=True, **kw).activations_bytes == \
+        assert estimate(cfg, checkpointing=True, **kw).saved_activations_bytes == \
             p["outside the blocks"] + L * p["block input"]
         assert p["block"] > p["block input"] > 0
 

@@ -11,8 +11,10 @@ import torch
 
 import memlab.measure.step as measure
 from memlab.errors import MemlabError
-from memlab.measure.step import PeakMemory, StepMemory, measure_peak, measure_step, trace_step
-from memlab.model.transformer import build_model, get_config, lm_loss
+from memlab.measure.peak import PeakMemory, measure_peak
+from memlab.measure.step import StepMemory, measure_step, trace_step
+from memlab.model.config import get_config
+from memlab.model.transformer import build_model, lm_loss
 
 TINY_N = get_config("tiny").num_parameters()
 TINY_PARAM_TENSORS = len(list(build_model("tiny", device="meta").parameters()))
@@ -213,7 +215,7 @@ def test_fp32_adamw_step_categories_are_exact():
     assert opt["temporaries"] == s.parameters_bytes
     assert s.peak_phase == "optimizer"  # 5 copies of the parameters beat 16 tokens' activations
     assert s.peak_bytes == s.phase_peak_bytes["optimizer"] == max(s.phase_peak_bytes.values())
-    assert s.peak_bytes == sum(getattr(s, f"{c}_bytes") for c in measure.CATEGORIES)
+    assert s.peak_bytes == sum(s.breakdown()[c] for c in measure.CATEGORIES)
     assert s.other_bytes == 2 * 1 * 16 * 8  # input and target token ids, int64
     assert s.allocator_peak_bytes is None and s.allocator_reserved_bytes is None
 
@@ -411,8 +413,8 @@ def test_measured_step_matches_the_cuda_allocator():
 
 # One description of a step ---------------------------------------------------------------------
 def test_one_step_spec_serves_trace_measure_and_estimate():
-    from memlab.measure.step import StepSpec
-    from memlab.memory.training import estimate
+    from memlab.memory.estimator import estimate
+    from memlab.model.step import StepSpec
 
     spec = StepSpec("tiny", batch_size=2, seq_len=32, precision="bf16-mixed", attention="eager")
     kw = dict(batch_size=2, seq_len=32, precision="bf16-mixed")
@@ -424,8 +426,8 @@ def test_one_step_spec_serves_trace_measure_and_estimate():
 
 
 def test_a_spec_and_switches_together_are_refused():
-    from memlab.measure.step import StepSpec
-    from memlab.memory.training import estimate
+    from memlab.memory.estimator import estimate
+    from memlab.model.step import StepSpec
 
     spec = StepSpec("tiny", batch_size=2, seq_len=32)
     with pytest.raises(MemlabError, match="either a StepSpec or switches"):
@@ -435,10 +437,10 @@ def test_a_spec_and_switches_together_are_refused():
 
 
 def test_eight_bit_adamw_is_a_step_the_estimator_takes_but_trace_refuses():
-    from memlab.measure.step import StepSpec
-    from memlab.memory.training import estimate
+    from memlab.memory.estimator import estimate
+    from memlab.model.step import StepSpec
 
     spec = StepSpec("tiny", batch_size=2, seq_len=32, optimizer="adamw-8bit")
-    assert estimate(spec).optimizer_bytes > 0
+    assert estimate(spec).optimizer_states_bytes > 0
     with pytest.raises(MemlabError, match="'adamw-8bit' runs in bitsandbytes kernels"):
         trace_step(spec)

@@ -23,12 +23,14 @@ from memlab.measure.allocator import (
     measure_cuda_blocks,
     model_state_requests,
 )
-from memlab.measure.step import CATEGORIES, PHASES, measure_step
+from memlab.measure.step import measure_step
 from memlab.measure.timeline import (
     measure_timeline,
     profiler_export_categories,
 )
-from memlab.model.transformer import build_model, get_config
+from memlab.model.config import get_config
+from memlab.model.step import CATEGORIES, PHASES
+from memlab.model.transformer import build_model
 
 KiB, MiB = 2**10, 2**20
 TINY = dict(batch_size=2, seq_len=16)

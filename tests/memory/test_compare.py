@@ -24,7 +24,8 @@ from memlab.memory.compare import (
     eleutherai_parameter_count,
     rule_of_thumb_loading,
 )
-from memlab.model.transformer import build_model, get_config
+from memlab.model.config import get_config
+from memlab.model.transformer import build_model
 from memlab.units import to_unit
 
 LLAMA = get_config("llama2-7b")
@@ -38,25 +39,25 @@ def test_bytes_per_param_rule_is_that_many_bytes_per_parameter(bpp):
     est = bytes_per_param_estimate(LLAMA, bpp)
     assert isinstance(est, OtherEstimate)
     assert est.total_bytes == bpp * N
-    assert est.activations_bytes is None
+    assert est.saved_activations_bytes is None
     assert est.name == f"{bpp} bytes/param"
 
 
 def test_documented_splits_add_up_and_others_have_none():
     for bpp, split in ((16, (2, 2, 12)), (18, (2, 4, 12))):
         est = bytes_per_param_estimate(LLAMA, bpp)
-        assert (est.weights_bytes, est.gradients_bytes, est.optimizer_bytes) == tuple(
+        assert (est.parameters_bytes, est.gradients_bytes, est.optimizer_states_bytes) == tuple(
             b * N for b in split)
-        assert est.weights_bytes + est.gradients_bytes + est.optimizer_bytes == est.total_bytes
+        assert est.parameters_bytes + est.gradients_bytes + est.optimizer_states_bytes == est.total_bytes
     est = bytes_per_param_estimate(LLAMA, 20)
-    assert (est.weights_bytes, est.gradients_bytes, est.optimizer_bytes) == (None, None, None)
+    assert (est.parameters_bytes, est.gradients_bytes, est.optimizer_states_bytes) == (None, None, None)
 
 
 def test_four_gb_per_billion_parameters_is_fp32_weights_in_decimal_gb():
     est = rule_of_thumb_loading("llama2-7b")
-    assert est.total_bytes == est.weights_bytes == 4 * N
+    assert est.total_bytes == est.parameters_bytes == 4 * N
     assert math.isclose(to_unit(est.total_bytes, "GB"), 4 * N / 1e9)
-    assert est.gradients_bytes is est.optimizer_bytes is est.activations_bytes is None
+    assert est.gradients_bytes is est.optimizer_states_bytes is est.saved_activations_bytes is None
 
 
 # EleutherAI ------------------------------------------------------------------------------------
@@ -71,14 +72,14 @@ def test_eleutherai_activations_are_the_closed_form_on_llama2_7b():
 def test_eleutherai_checkpointing_keeps_34_sbhL():
     s, b, h, L = 2048, 2, LLAMA.d_model, LLAMA.n_layer
     est = eleutherai_estimate(LLAMA, batch_size=b, seq_len=s, checkpointing=True)
-    assert est.activations_bytes == 34 * s * b * h * L
+    assert est.saved_activations_bytes == 34 * s * b * h * L
     assert "2sbhL" in est.notes  # what full checkpointing really stores is documented
 
 
 def test_eleutherai_is_18_bytes_per_param_plus_activations_summed():
     est = eleutherai_estimate(LLAMA, batch_size=1, seq_len=2048)
-    assert (est.weights_bytes, est.gradients_bytes, est.optimizer_bytes) == (2 * N, 4 * N, 12 * N)
-    assert est.total_bytes == 18 * N + est.activations_bytes
+    assert (est.parameters_bytes, est.gradients_bytes, est.optimizer_states_bytes) == (2 * N, 4 * N, 12 * N)
+    assert est.total_bytes == 18 * N + est.saved_activations_bytes
     assert est.details["communication_bytes"] == 0
 
 
@@ -95,19 +96,19 @@ def test_eleutherai_with_its_own_parameter_count_reproduces_the_script():
 def test_eleutherai_fp32_changes_only_the_weights():
     mixed = eleutherai_estimate(LLAMA, batch_size=1, seq_len=512)
     fp32 = eleutherai_estimate(LLAMA, batch_size=1, seq_len=512, precision="fp32")
-    assert fp32.weights_bytes == 4 * N
+    assert fp32.parameters_bytes == 4 * N
     assert fp32.total_bytes - mixed.total_bytes == 2 * N
-    assert fp32.activations_bytes == mixed.activations_bytes
+    assert fp32.saved_activations_bytes == mixed.saved_activations_bytes
 
 
 def test_eleutherai_zero_stages_shard_as_the_script_does():
     g = 4
     z = {k: eleutherai_estimate(LLAMA, batch_size=1, seq_len=512, zero_stage=k, num_gpus=g)
          for k in range(4)}
-    assert z[0].total_bytes == 18 * N + z[0].activations_bytes  # no buffers without ZeRO
-    assert z[1].optimizer_bytes == 12 * N // g and z[1].gradients_bytes == 4 * N
-    assert z[2].gradients_bytes == 4 * N // g and z[2].weights_bytes == 2 * N
-    assert z[3].weights_bytes == 2 * N // g
+    assert z[0].total_bytes == 18 * N + z[0].saved_activations_bytes  # no buffers without ZeRO
+    assert z[1].optimizer_states_bytes == 12 * N // g and z[1].gradients_bytes == 4 * N
+    assert z[2].gradients_bytes == 4 * N // g and z[2].parameters_bytes == 2 * N
+    assert z[3].parameters_bytes == 2 * N // g
     assert z[1].details["communication_bytes"] == 500_000_000 * 2
     assert z[3].details["communication_bytes"] == (500_000_000 + 1_000_000_000) * 2
     assert z[0].total_bytes > z[1].total_bytes > z[2].total_bytes > z[3].total_bytes
@@ -130,7 +131,7 @@ def test_accelerate_16_bit_training_is_8_bytes_per_param(precision):
     assert est.total_bytes == 8 * N
     assert est.gradients_bytes == 6 * N  # 1.5 F: counted, but below the max
     assert est.details["load_bytes"] == 2 * N  # the 'Total Size' column of the 16-bit row
-    assert est.total_bytes < est.weights_bytes + est.gradients_bytes + est.optimizer_bytes
+    assert est.total_bytes < est.parameters_bytes + est.gradients_bytes + est.optimizer_states_bytes
 
 
 def test_accelerate_counts_buffers_too():
@@ -230,7 +231,7 @@ def test_each_method_has_a_ratio_to_a_traced_step():
 
 def test_loading_rule_equals_the_traced_fp32_parameters():
     step = _traced_tiny()
-    assert rule_of_thumb_loading("tiny").weights_bytes == step.parameters_bytes
+    assert rule_of_thumb_loading("tiny").parameters_bytes == step.parameters_bytes
 
 
 def test_comparison_table_divides_by_the_measured_peak():

@@ -2,14 +2,10 @@ import pytest
 import torch
 
 from memlab.errors import MemlabError
-from memlab.memory.inference import (
-    estimate_inference,
-    forward_stage_bytes,
-    generate,
-    measure_inference,
-    trace_inference,
-)
-from memlab.model.transformer import KVCache, build_model, get_config
+from memlab.memory.estimator import estimate_inference, forward_stage_bytes
+from memlab.memory.inference import generate, measure_inference, trace_inference
+from memlab.model.config import get_config
+from memlab.model.transformer import KVCache, build_model
 
 CACHE_MODELS = [
     ("tiny", {}),  # Llama style, GQA (4 query heads, 2 key/value heads)
@@ -68,7 +64,7 @@ def test_sampling_is_reproducible_with_a_generator():
 
 
 def test_kv_cache_is_preallocated_in_the_model_dtype():
-    from memlab.memory.training import kv_cache_bytes
+    from memlab.model.config import kv_cache_bytes
 
     cfg = get_config("tiny")
     cache = KVCache(cfg, 3, 40, dtype=torch.bfloat16)
@@ -77,7 +73,7 @@ def test_kv_cache_is_preallocated_in_the_model_dtype():
 
 
 def test_llama2_7b_kv_cache_is_half_a_mib_per_token_in_fp16():
-    from memlab.memory.training import kv_cache_bytes
+    from memlab.model.config import kv_cache_bytes
 
     cfg = get_config("llama2-7b")
     per_token = 2 * cfg.n_layer * cfg.kv_heads * cfg.head_dim * 2  # K and V, fp16
@@ -113,7 +109,7 @@ SLOW_GRID = [
 def _check_estimate_against_trace(name, B, T, N, dtype):
     traced = trace_inference(name, batch_size=B, prompt_len=T, new_tokens=N, dtype=dtype)
     est = estimate_inference(name, B, T, dtype, N)
-    assert est.weights_bytes == traced.weights_bytes
+    assert est.parameters_bytes == traced.parameters_bytes
     assert est.kv_cache_bytes == traced.kv_cache_bytes
     assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.03)
     for phase in ("prefill", "decode"):
@@ -125,7 +121,7 @@ def _check_estimate_against_trace(name, B, T, N, dtype):
     # where V > 3 (C + F): GPT-2 and Llama 3.
     cfg = get_config(name)
     if cfg.vocab_size > 3 * (cfg.d_model + cfg.ffn_dim):
-        base = traced.weights_bytes + traced.kv_cache_bytes + B * T * 8
+        base = traced.parameters_bytes + traced.kv_cache_bytes + B * T * 8
         logits = B * T * cfg.vocab_size * (4 if dtype == "fp32" else 2)
         assert traced.prefill_peak_bytes - base < logits
 
@@ -147,7 +143,7 @@ def test_measured_fp32_matches_estimate_on_cpu(name):
                           device="cpu")
     est = estimate_inference(name, 4, 64, "fp32", 16)
     assert m.mode == "measured" and m.device == "cpu"
-    assert m.weights_bytes == est.weights_bytes and m.kv_cache_bytes == est.kv_cache_bytes
+    assert m.parameters_bytes == est.parameters_bytes and m.kv_cache_bytes == est.kv_cache_bytes
     for phase in ("prefill", "decode"):
         assert m.phase_peak_bytes[phase] == pytest.approx(est.phase_peak_bytes[phase], rel=0.01)
 
@@ -210,13 +206,16 @@ def test_bad_input_elsewhere():
         model(torch.zeros(1, 7, dtype=torch.long), cache)
 
 
-def test_memory_estimate_delegates_inference():
-    from memlab.memory.training import estimate
+def test_inference_has_one_way_in():
+    """A training step's estimate takes no inference switches; estimate_inference is the door."""
+    import inspect
 
-    est = estimate("tiny", batch_size=2, seq_len=16, precision="bf16-mixed", mode="inference",
-                   new_tokens=4)
+    from memlab.memory.estimator import estimate
+
+    assert not {"mode", "new_tokens"} & set(inspect.signature(estimate).parameters)
+    est = estimate_inference("tiny", 2, 16, "bf16-mixed", 4)
     same = estimate_inference("tiny", 2, 16, "bf16", 4)  # a mixed recipe is served in bf16
-    assert est.peak_bytes == same.peak_bytes and est.weights_bytes == 2 * est.parameters
+    assert est.peak_bytes == same.peak_bytes and est.parameters_bytes == 2 * est.parameters
     assert set(est.phase_peak_bytes) == {"prefill", "decode"}
-    assert est.gradients_bytes == est.optimizer_bytes == est.activations_bytes == 0
+    assert est.gradients_bytes == est.optimizer_states_bytes == est.saved_activations_bytes == 0
     assert sum(est.breakdown().values()) == est.peak_bytes

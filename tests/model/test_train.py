@@ -8,13 +8,9 @@ import pytest
 import torch
 
 from memlab.errors import MemlabError
-from memlab.model.train import (
-    OPTIMIZERS,
-    TrainConfig,
-    make_optimizer,
-    train_loop,
-)
-from memlab.model.transformer import build_model, get_config
+from memlab.model.config import OPTIMIZERS, get_config
+from memlab.model.train import TrainConfig, make_optimizer, train_loop
+from memlab.model.transformer import build_model
 
 
 def _params():

@@ -4,15 +4,8 @@ import pytest
 import torch
 
 from memlab.errors import MemlabError
-from memlab.model.transformer import (
-    PRESETS,
-    ModelConfig,
-    build_model,
-    config_from_hf,
-    count_parameters,
-    get_config,
-    lm_loss,
-)
+from memlab.model.config import PRESETS, ModelConfig, config_from_hf, get_config
+from memlab.model.transformer import build_model, count_parameters, lm_loss
 
 # Published parameter counts (Hugging Face checkpoints; GPT-2 counts the tied head once).
 PUBLISHED = {
@@ -214,7 +207,7 @@ def test_hf_config_is_named_by_its_own_name_else_by_its_path(tmp_path):
     assert get_config(str(path)).name == "gpt2-medium"
     path.write_text(json.dumps(dict(raw, _name_or_path="")))
     assert get_config(str(path)).name == str(path)
-    from memlab.model.transformer import config_from_hf_dict
+    from memlab.model.config import config_from_hf_dict
 
     assert config_from_hf_dict(raw).name == "gpt2 (24 layers, width 1024)"
     assert config_from_hf_dict(raw).num_parameters() == 354_823_168
@@ -247,7 +240,7 @@ def test_hf_config_is_named_by_its_own_name_else_by_its_path(tmp_path):
      "the config sets mlp_bias to True: biases in attention or MLP"),
 ])
 def test_hf_dict_errors_name_the_key_and_the_accepted_values(raw, message):
-    from memlab.model.transformer import config_from_hf_dict
+    from memlab.model.config import config_from_hf_dict
 
     with pytest.raises(MemlabError) as exc:
         config_from_hf_dict(raw)
@@ -255,7 +248,7 @@ def test_hf_dict_errors_name_the_key_and_the_accepted_values(raw, message):
 
 
 def test_hf_counts_written_as_integral_floats_are_read():
-    from memlab.model.transformer import config_from_hf_dict
+    from memlab.model.config import config_from_hf_dict
 
     raw = {"model_type": "llama", "vocab_size": 32000.0, "num_hidden_layers": 2,
            "num_attention_heads": 4, "hidden_size": 64, "intermediate_size": 176.0,

@@ -159,7 +159,7 @@ def test_train_runs_once_per_process_on_the_seeds_task():
 
 
 def test_every_phase_adds_up_to_its_peak_measured_and_estimated():
-    from memlab.memory.training import estimate
+    from memlab.memory.estimator import estimate
 
     measured = mixed.memory_by_mode("tiny", batch_size=2, seq_len=16, device="cpu")
     big = mixed.memory_by_mode("llama2-7b", batch_size=1, seq_len=2048, how="estimated")
@@ -174,7 +174,7 @@ def test_every_phase_adds_up_to_its_peak_measured_and_estimated():
         extra = r.grad_scaler_bytes
         assert r.how == "estimated" and r.device == "cuda"
         assert r.phase_peak_bytes == {p: v + extra for p, v in e.phase_peak_bytes.items()}
-        assert r.saved_activations_bytes == e.activations_bytes
+        assert r.saved_activations_bytes == e.saved_activations_bytes
     rows = {r.mode: r for r in big}
     # autocast at batch 1: the same peak as fp32, more saved activations (the weight-cast cache)
     assert rows["bf16-autocast"].peak_ratio_to_fp32 == 1.0
@@ -191,7 +191,7 @@ def test_estimated_weight_cast_cache_is_the_traced_one():
 
 
 def test_autocast_crossover_is_the_first_batch_that_saves():
-    from memlab.memory.training import estimate
+    from memlab.memory.estimator import estimate
 
     x = mixed.autocast_crossover("llama2-7b", seq_len=2048)
     assert x.saved_batch is not None and x.peak_batch is not None
@@ -203,7 +203,7 @@ def test_autocast_crossover_is_the_first_batch_that_saves():
 
     for b in range(1, x.peak_batch + 1):
         f, m = est(b, "fp32"), est(b, "bf16-mixed")
-        assert (m.activations_bytes < f.activations_bytes) == (b >= x.saved_batch), b
+        assert (m.saved_activations_bytes < f.saved_activations_bytes) == (b >= x.saved_batch), b
         assert (m.peak_bytes < f.peak_bytes) == (b >= x.peak_batch), b
     assert [r["batch"] for r in x.rows][0] == 1 and x.saved_batch in [r["batch"] for r in x.rows]
     assert x.rows[0]["saved_mixed"] > x.rows[0]["saved_fp32"]

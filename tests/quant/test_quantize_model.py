@@ -20,7 +20,8 @@ import torch.nn.functional as F
 import memlab.model.lm as lm
 import memlab.quant as quant
 from memlab.errors import MemlabError
-from memlab.model.transformer import ModelConfig, block_linears, build_model, count_parameters
+from memlab.model.config import ModelConfig
+from memlab.model.transformer import block_linears, build_model, count_parameters
 from memlab.quant.functional import (
     bits_per_parameter,
     dequantize,

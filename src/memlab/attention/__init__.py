@@ -45,8 +45,8 @@ from memlab.attention.sweep import (  # noqa: F401
     traffic_rows,
 )
 from memlab.measure.flops import CPU_SDPA_OPS, register_cpu_sdpa_flops  # noqa: F401
+from memlab.model.config import DEFAULT_BLOCK  # noqa: F401
 from memlab.model.flash import (  # noqa: F401
-    DEFAULT_BLOCK,
     FlashAttention,
     TrafficCounter,
     flash_attention,

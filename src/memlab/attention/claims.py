@@ -125,7 +125,8 @@ def c22_evidence() -> dict:
     from dataclasses import replace
 
     from memlab.attention.kv import longest_context
-    from memlab.model.transformer import KVCache, get_config
+    from memlab.model.config import get_config
+    from memlab.model.transformer import KVCache
 
     g = gqa()
     ref = g.rows[0]

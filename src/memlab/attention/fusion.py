@@ -30,9 +30,10 @@ from memlab.attention.memory import saved_storage_bytes
 from memlab.device import pick_device
 from memlab.dtypes import dtype as to_dtype
 from memlab.errors import MemlabError, check_choice, check_positive_int
-from memlab.measure.step import measure_peak, quiet_stderr
+from memlab.measure.peak import measure_peak, quiet_stderr
 from memlab.measure.timing import time_ms
-from memlab.model.transformer import Block, ModelConfig, get_config, rope_cache
+from memlab.model.config import ModelConfig, get_config
+from memlab.model.transformer import Block, rope_cache
 from memlab.units import to_unit
 
 FUSION_ATTENTION = ("eager", "sdpa")  # the block's attention; both compile without a graph break

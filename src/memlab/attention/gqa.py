@@ -34,7 +34,7 @@ from memlab.attention.kv import kv_bytes_per_token
 from memlab.device import device_name, get_scale, pick_device
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.measure.step import measure_step
-from memlab.memory.inference import DTYPE_BYTES
+from memlab.memory.estimator import DTYPE_BYTES
 from memlab.model.lm import (
     LMConfig,
     Quality,

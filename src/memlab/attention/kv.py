@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from memlab.errors import check_positive_int
 from memlab.gpus import GPU, get_gpu
-from memlab.memory.inference import DTYPE_BYTES, estimate_inference
-from memlab.memory.training import kv_cache_bytes
-from memlab.model.transformer import ModelConfig, get_config
+from memlab.memory.estimator import DTYPE_BYTES, estimate_inference
+from memlab.model.config import ModelConfig, get_config, kv_cache_bytes
 
 
 def kv_bytes_per_token(model: ModelConfig | str, kv_precision: str = "bf16") -> int:

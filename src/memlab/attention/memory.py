@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from memlab.device import pick_device
 from memlab.dtypes import dtype as to_dtype
 from memlab.errors import MemlabError, check_choice, check_positive_int
-from memlab.measure.step import measure_peak
+from memlab.measure.peak import measure_peak
 from memlab.model.flash import flash_attention, naive_attention
 
 SDPA_BACKENDS = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION",

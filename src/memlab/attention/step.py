@@ -11,8 +11,9 @@ from dataclasses import dataclass, replace
 
 from memlab.errors import check_positive_int
 from memlab.measure.step import measure_step, trace_step
-from memlab.memory.training import estimate, saved_by_stage
-from memlab.model.transformer import ATTENTION_IMPLS, ModelConfig, get_config
+from memlab.memory.activations import saved_by_stage
+from memlab.memory.estimator import estimate
+from memlab.model.config import ATTENTION_IMPLS, ModelConfig, get_config
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def _row(cfg: ModelConfig, attention: str, T: int, how: str, batch_size: int,
     est = estimate(c, device="cpu", **kw)
     attn = saved_by_stage(list(est.saved))["attention"] * c.n_layer
     if how == "estimated":
-        return StepRow(c.name, attention, T, how, est.activations_bytes, attn, est.peak_bytes,
+        return StepRow(c.name, attention, T, how, est.saved_activations_bytes, attn, est.peak_bytes,
                        est.peak_bytes)
     got = (measure_step(c, device="cpu", **kw) if how == "measured" else trace_step(c, **kw))
     return StepRow(c.name, attention, T, how, got.saved_activations_bytes, attn, got.peak_bytes,

@@ -10,7 +10,7 @@ Three questions, three functions, measured on the book's model:
 
 * :func:`accumulation_sweep` -- the peak of a step at each micro-batch size (measured with
   :func:`memlab.measure.step.measure_step`) beside the estimator's
-  (:func:`memlab.memory.training.estimate`), and the time per sample of a real step.
+  (:func:`memlab.memory.estimator.estimate`), and the time per sample of a real step.
 * :func:`accumulated_update` -- the same update? One SGD step on the whole batch against k
   micro-batches whose losses are divided by k, from the same weights, within a tolerance derived
   from fp32 rounding; forgetting the 1/k is caught.
@@ -36,9 +36,10 @@ from memlab.device import get_scale, pick_device
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.measure.step import default_dtype, measure_step, param_dtype, step_autocast
 from memlab.measure.timing import time_ms
-from memlab.memory.training import estimate
-from memlab.model.train import PRECISIONS, make_optimizer
-from memlab.model.transformer import ModelConfig, build_model, get_config, lm_loss
+from memlab.memory.estimator import estimate
+from memlab.model.config import PRECISIONS, ModelConfig, get_config
+from memlab.model.train import make_optimizer
+from memlab.model.transformer import build_model, lm_loss
 from memlab.units import to_unit
 
 FP32_UNIT_ROUNDOFF = 2.0**-24  # u: half the gap between 1 and the next fp32 number
@@ -194,7 +195,7 @@ def accumulation_sweep(model: ModelConfig | str, *, global_batch: int,
     ``micro_batches``: sizes that divide ``global_batch`` (``None``: every divisor). The peak is
     :func:`~memlab.measure.step.measure_step`'s with ``batch_size=m`` and
     ``grad_accum_steps=global_batch // m`` (which repeats one micro-batch: the bytes do not depend
-    on the tokens), beside :func:`~memlab.memory.training.estimate` with the same switches. The
+    on the tokens), beside :func:`~memlab.memory.estimator.estimate` with the same switches. The
     time is of a real step over ``global_batch`` distinct samples (:func:`accumulated_step`,
     AdamW), the median of ``repeats`` after two warm-up steps.
     """

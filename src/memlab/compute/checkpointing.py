@@ -21,11 +21,12 @@ from dataclasses import asdict, dataclass
 from memlab.compute.flops import step_flops
 from memlab.device import get_scale, pick_device, refuse_if_too_big
 from memlab.errors import MemlabError
-from memlab.measure.step import StepSpec, measure_step, trace_step
+from memlab.measure.step import measure_step, trace_step
 from memlab.measure.timing import time_ms
-from memlab.memory.training import estimate
+from memlab.memory.estimator import estimate
 from memlab.model.checkpoint import Checkpointing, parse_checkpointing, sqrt_segments
-from memlab.model.transformer import ModelConfig, get_config
+from memlab.model.config import ModelConfig, get_config
+from memlab.model.step import StepSpec
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def checkpointing_curve(model: ModelConfig | str, *, batch_size: int, seq_len: i
         est = estimate(spec, device=device)
         stop, whole = step_flops(spec), step_flops(spec, early_stop=False)
         rows.append(PlanRow(plan.name, plan.checkpointed_blocks(cfg.n_layer),
-                            est.activations_bytes, est.phase_peak_bytes["backward"],
+                            est.saved_activations_bytes, est.phase_peak_bytes["backward"],
                             est.peak_bytes, stop.total, whole.total,
                             stop.total / none.total - 1, whole.total / none.total - 1))
     return CheckpointCurve(setup=base.as_dict() | {"conventions": device}, rows=tuple(rows),
@@ -310,7 +311,7 @@ def checkpointing_costs(scale: str | None = None, device=None, *, plans=None) ->
         whole = step_flops(spec, early_stop=False).total
         t, t_whole = times[(name, True)], times.get((name, False), times[(name, True)])
         out.append(MeasuredPlan(name, m.saved_activations_bytes, m.peak_bytes,
-                                est.activations_bytes, est.peak_bytes, m.flops, whole,
+                                est.saved_activations_bytes, est.peak_bytes, m.flops, whole,
                                 statistics.median(t), statistics.median(t_whole), tuple(t)))
     setup = {k: v for k, v in size.items() if k not in ("model", "plans")}
     return CheckpointCosts(scale=scale, device=dev.type,

@@ -14,7 +14,7 @@ from memlab.compute.scaling import (
     compute_optimal,
     n_opt_exponent,
 )
-from memlab.model.transformer import get_config
+from memlab.model.config import get_config
 
 _CH7 = "chapters/07_compute_for_memory"
 

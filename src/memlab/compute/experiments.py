@@ -76,7 +76,8 @@ def _mfu(scale: str) -> MFURun:
     from memlab.compute.flops import step_flops
     from memlab.compute.hardware import step_mfu, tried_peak
     from memlab.device import pick_device
-    from memlab.measure.step import StepSpec, autocast_dtype, param_dtype, trace_step
+    from memlab.measure.step import autocast_dtype, param_dtype, trace_step
+    from memlab.model.step import StepSpec
 
     size = dict(MFU_SIZES[scale])
     repeats = size.pop("repeats")

@@ -25,9 +25,9 @@ import contextlib
 from dataclasses import asdict, dataclass
 
 from memlab.errors import MemlabError, check_positive_int
-from memlab.measure.step import StepSpec
 from memlab.model.checkpoint import parse_checkpointing
-from memlab.model.transformer import ModelConfig, get_config
+from memlab.model.config import ModelConfig, get_config
+from memlab.model.step import StepSpec
 
 # Backward FLOPs over forward FLOPs of one attention core, as torch's formulas count them: a
 # matmul's backward is two matmuls; the SDPA kernels' backward also recomputes the scores

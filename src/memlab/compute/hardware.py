@@ -34,7 +34,6 @@ from memlab.dtypes import FLOAT_DTYPES, FLOAT_FORMATS
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.gpus import CATALOGUE, GPU, LEGACY
 from memlab.measure.step import (
-    StepSpec,
     autocast_dtype,
     default_dtype,
     param_dtype,
@@ -42,7 +41,9 @@ from memlab.measure.step import (
     step_optimizer,
 )
 from memlab.measure.timing import time_ms
-from memlab.model.transformer import ModelConfig, build_model, lm_loss
+from memlab.model.config import ModelConfig
+from memlab.model.step import StepSpec
+from memlab.model.transformer import build_model, lm_loss
 from memlab.units import UNITS
 
 # Bytes per parameter behind the "parameters that fit" columns, from the book's own tables:
@@ -449,7 +450,7 @@ def time_train_step(config_or_spec: StepSpec | ModelConfig | str, *, device=None
     dev = pick_device(device)
     cfg = spec.config
     if spec.optimizer != "adamw-8bit":
-        from memlab.memory.training import estimate
+        from memlab.memory.estimator import estimate
 
         est = estimate(replace(spec, prepare=None), device="cuda" if dev.type == "cuda" else "cpu")
         refuse_if_too_big(est.peak_bytes, dev, f"a {cfg.name} training step (estimated)")

@@ -64,8 +64,9 @@ from memlab.errors import (
 from memlab.gpus import get_gpu
 from memlab.measure.step import default_dtype
 from memlab.measure.timing import not_measurable
+from memlab.model.config import ModelConfig, get_config
 from memlab.model.train import make_optimizer
-from memlab.model.transformer import ModelConfig, build_model, get_config, lm_loss
+from memlab.model.transformer import build_model, lm_loss
 from memlab.units import to_unit
 
 # Host links, one-way bytes/s (quoted, in memlab.distributed.commtime.LINKS with their sources).

@@ -34,8 +34,8 @@ from memlab.finetune.counts import trainable_parameters
 from memlab.finetune.estimate import estimate_finetune
 from memlab.finetune.lora import LoraConfig
 from memlab.gpus import GPU, get_gpu
-from memlab.measure.step import StepSpec
-from memlab.model.transformer import ModelConfig, get_config
+from memlab.model.config import ModelConfig, get_config
+from memlab.model.step import StepSpec
 from memlab.units import to_unit
 
 TRAINS = ("full", "lora", "qlora")  # what a set-up trains: every weight, adapters, adapters on a 4-bit base

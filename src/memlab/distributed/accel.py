@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from memlab.distributed.runs import batch_rows, batches, local_state_bytes
-from memlab.model.transformer import ModelConfig, build_model, lm_loss
+from memlab.model.config import ModelConfig
+from memlab.model.transformer import build_model, lm_loss
 
 ACCELERATE_FSDP_CONFIG = "configs/accelerate/fsdp2.yaml"  # for GPUs only
 

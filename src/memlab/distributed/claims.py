@@ -189,7 +189,7 @@ def c33_evidence() -> dict:
 
 
 def _cfg(r):
-    from memlab.model.transformer import ModelConfig
+    from memlab.model.config import ModelConfig
 
     return ModelConfig(**r.config)
 
@@ -473,7 +473,8 @@ def c37(ev: dict) -> claims.Verdict:
 def c38_evidence() -> dict:
     """Tensor parallelism's weight share and error per rank, the pipeline's layers per stage and its bubble, measured on 2 ranks; data parallelism's activations per rank (chapter: 6)."""
     from memlab.distributed.parallel import split_stages
-    from memlab.model.transformer import ModelConfig, build_model
+    from memlab.model.config import ModelConfig
+    from memlab.model.transformer import build_model
 
     p = distributed_parallel()
     m = _memory()

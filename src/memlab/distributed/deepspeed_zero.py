@@ -57,7 +57,8 @@ from memlab.distributed.sharding import (
     tolerance,
 )
 from memlab.errors import MemlabError, check_choice, require
-from memlab.model.transformer import ModelConfig, build_model, lm_loss
+from memlab.model.config import ModelConfig
+from memlab.model.transformer import build_model, lm_loss
 from memlab.units import to_unit
 
 PURPOSE = "DeepSpeed's ZeRO"
@@ -210,7 +211,7 @@ def _one_run(name: str, spec: dict, device: torch.device, data) -> dict:
     import deepspeed
     import torch.distributed as dist
 
-    from memlab.measure.step import measure_peak
+    from memlab.measure.peak import measure_peak
 
     stage, threshold = RUNS[name]
     world, rank = dist.get_world_size(), dist.get_rank()

@@ -2,7 +2,7 @@
 
 Each of N GPUs runs the step of one GPU on its own micro-batch, so the activation side
 (saved activations, the backward's temporaries, the logits, the batch of token ids) is the
-one-GPU estimate's, :func:`memlab.memory.training.estimate`, unchanged. What changes is what
+one-GPU estimate's, :func:`memlab.memory.estimator.estimate`, unchanged. What changes is what
 each GPU holds of the model states, :func:`memlab.distributed.zero.model_states`, and, when
 the parameters are sharded, the units FSDP gathers while they compute.
 
@@ -15,7 +15,7 @@ and variance in the optimizer, as DeepSpeed and FSDP's ``MixedPrecisionPolicy`` 
 ``bf16`` (whose saved tensors are those of a 16-bit model), not in ``bf16-mixed`` (autocast
 over fp32 weights, which would count every block's weight casts and an fp32 residual stream).
 
-What one GPU holds, phase by phase (the three phases of :mod:`memlab.memory.training`):
+What one GPU holds, phase by phase (the three phases of :mod:`memlab.memory.estimator`):
 
 * Stages 0 and 1 (DDP; DeepSpeed's ZeRO-1): the model states of ``model_states`` as they are.
   Every gradient is computed whole, as on one GPU; DDP's gradient buckets are not counted
@@ -74,18 +74,11 @@ from memlab.distributed.zero import (
     model_states,
 )
 from memlab.errors import MemlabError, check_choice
-from memlab.measure.step import PHASES, StepSpec
-from memlab.memory.training import (
-    BackwardGrads,
-    MemoryEstimate,
-    activation_peaks,
-    estimate,
-    grads_done_in_block,
-    param_groups,
-    step_scratch_bytes,
-)
+from memlab.memory.activations import BackwardGrads, activation_peaks, grads_done_in_block
+from memlab.memory.estimator import MemoryEstimate, estimate, step_scratch_bytes
 from memlab.model.checkpoint import check_plan
-from memlab.model.transformer import ModelConfig
+from memlab.model.config import ModelConfig, param_groups
+from memlab.model.step import PHASES, StepSpec
 from memlab.units import to_unit
 
 SHARDED_OPTIMIZERS = ("adamw", "adam")  # LAYOUTS count Adam's two moments
@@ -245,7 +238,7 @@ def estimate_sharded(
     G_live = G if accumulating else 0
     held = P + S + G_live + tokens
 
-    # The activation side, as on one GPU (memlab.memory.training.activation_peaks).
+    # The activation side, as on one GPU (memlab.memory.activations.activation_peaks).
     saved = list(base.saved)
     rs_block = rb * blk if stage >= 2 else 0  # a block's reduce-scatter buffer
     if stage >= 2:
@@ -283,7 +276,7 @@ def estimate_sharded(
     block_w = wb * blk if stage == 3 else 0
     two_blocks = 2 * block_w
     head_saved = sum(t.bytes for t in saved if t.scope == "head")
-    A = base.activations_bytes
+    A = base.saved_activations_bytes
     fwd_points = {
         "loss": fwd,  # the logits and the loss, every unit resharded
         # inside the blocks, at most what the blocks save is alive

@@ -34,7 +34,8 @@ import torch.nn as nn
 
 from memlab.distributed.comm import CommCounter
 from memlab.errors import MemlabError, check_choice, check_positive_int
-from memlab.model.transformer import Block, ModelConfig, build_model, lm_loss, rope_cache
+from memlab.model.config import ModelConfig
+from memlab.model.transformer import Block, build_model, lm_loss, rope_cache
 
 WORLD = 2  # ranks: the tensor-parallel degree and the number of pipeline stages
 TP_ATOL = 1e-5  # fp32: the ranks sum the same products in another order

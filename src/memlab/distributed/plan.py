@@ -15,7 +15,7 @@ from memlab.distributed.estimate import estimate_sharded
 from memlab.distributed.zero import STAGES, check_gpus, check_stage, model_states
 from memlab.errors import MemlabError
 from memlab.gpus import fits, get_gpu
-from memlab.model.transformer import ModelConfig
+from memlab.model.config import ModelConfig
 from memlab.units import to_unit
 
 # The ZeRO paper's example (figure 1) and the per-GPU model states it quotes, GB (10^9 bytes).

@@ -29,8 +29,9 @@ import torch.nn as nn
 from memlab.distributed.comm import CommCounter, python_allreduce_hook
 from memlab.distributed.strategies import wrap
 from memlab.errors import MemlabError
+from memlab.model.config import ModelConfig
 from memlab.model.tasks import MarkovTask
-from memlab.model.transformer import ModelConfig, build_model, lm_loss
+from memlab.model.transformer import build_model, lm_loss
 
 LR = 1e-2  # large enough that the weights move visibly in a few steps
 
@@ -258,7 +259,7 @@ def _full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
 def _one_strategy(strategy: str, spec: dict, device: torch.device, data) -> dict:
     import torch.distributed as dist
 
-    from memlab.measure.step import measure_peak
+    from memlab.measure.peak import measure_peak
 
     world, rank = dist.get_world_size(), dist.get_rank()
     rows = batch_rows(world, rank, spec["batch_size"])
@@ -366,7 +367,7 @@ def one_process_memory(cfg: ModelConfig, *, batch_size: int, seq_len: int,
     Measured as the ranks measure theirs: the second step (AdamW's states exist), the peak
     above what is held before it plus that.
     """
-    from memlab.measure.step import measure_peak
+    from memlab.measure.peak import measure_peak
 
     device = torch.device(device)
     model = build_model(cfg, seed=0).to(device)

@@ -24,7 +24,7 @@ from memlab.distributed.launch import launch, launch_device
 from memlab.distributed.runs import LR, one_process_memory, single_process
 from memlab.distributed.strategies import LABELS, STAGE, STRATEGIES
 from memlab.errors import MemlabError
-from memlab.model.transformer import ModelConfig
+from memlab.model.config import ModelConfig
 from memlab.units import to_unit
 
 # The chapter's model at CI scale: small enough for 4 processes on 2 cores, with enough blocks
@@ -36,7 +36,7 @@ MODELS = {"dist-ci": DIST_CI}
 
 def model_for(name: str) -> ModelConfig:
     """The chapter's model ``dist-ci``, or any preset or config.json (chapter: 6)."""
-    from memlab.model.transformer import get_config
+    from memlab.model.config import get_config
 
     return MODELS[name] if name in MODELS else get_config(name)
 
@@ -250,7 +250,7 @@ def check_fits(cfg: ModelConfig, nproc: int, batch_size: int, seq_len: int,
     The estimate is DDP's (every rank holds everything: the most any strategy holds) plus one
     rank's activations; on a CPU the ranks share the host's memory.
     """
-    from memlab.memory.training import estimate
+    from memlab.memory.estimator import estimate
 
     one = estimate(cfg, batch_size=max(batch_size // nproc, 1), seq_len=seq_len,
                    device="cuda" if device.type == "cuda" else "cpu")

@@ -22,7 +22,8 @@ import torch
 
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.measure.step import default_dtype
-from memlab.model.transformer import ModelConfig, build_model, get_config, lm_loss
+from memlab.model.config import ModelConfig, get_config
+from memlab.model.transformer import build_model, lm_loss
 from memlab.units import to_unit
 
 TRACED_PRECISIONS = ("fp32", "bf16-mixed")  # bf16-mixed: bf16 gathered parameters, fp32 reductions

@@ -13,7 +13,7 @@ from memlab.finetune.experiments import (
 )
 from memlab.finetune.lora import LoraConfig
 from memlab.finetune.plan import NEOX_20B, twenty_b
-from memlab.model.transformer import get_config
+from memlab.model.config import get_config
 from memlab.units import to_unit
 
 _CH5 = "chapters/05_finetuning"

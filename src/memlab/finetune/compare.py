@@ -19,7 +19,7 @@ from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.finetune.freeze import count_trainable, freeze_all_but_last
 from memlab.finetune.lora import LoraConfig, inject_lora
 from memlab.finetune.qlora import qlora
-from memlab.measure.step import StepSpec, measure_step
+from memlab.measure.step import measure_step
 from memlab.model.lm import (
     LMConfig,
     Quality,
@@ -29,6 +29,7 @@ from memlab.model.lm import (
     reference_model,
     train_lm,
 )
+from memlab.model.step import StepSpec
 from memlab.results import kept_on_disk
 
 
@@ -164,9 +165,7 @@ def _comparison(cfg: LMConfig, steps: int, setups: tuple[Setup, ...],
         mem = measure_step(StepSpec(cfg.model_config(), batch_size=cfg.batch_size,
                                     seq_len=cfg.seq_len, prepare=s), device=device)
         rows.append(SetupResult(s.name, count_trainable(run.model), mem.peak_bytes,
-                                {k: getattr(mem, f"{k}_bytes") for k in
-                                 ("parameters", "gradients", "optimizer_states", "activations",
-                                  "temporaries", "other")},
+                                mem.breakdown(),
                                 1e3 * run.train_s / steps, q, d, se))
     return FinetuneComparison(new, steps, device, cfg.lr * FINETUNE_LR_FACTOR, start_q.loss,
                               tuple(rows))

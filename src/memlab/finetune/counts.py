@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from memlab.errors import MemlabError, check_positive_int
 from memlab.finetune.lora import LoraConfig
-from memlab.model.transformer import ModelConfig, get_config
+from memlab.model.config import ModelConfig, get_config
 
 
 def block_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int, bool]]:

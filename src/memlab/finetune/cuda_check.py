@@ -104,8 +104,8 @@ class CudaCheck:
 
 def grid_steps(scale: str) -> list[tuple[str, str, object]]:
     """The grid's steps at ``scale``: ``(model, setup, StepSpec)`` each (chapter: 1)."""
-    from memlab.measure.step import StepSpec
-    from memlab.model.transformer import get_config
+    from memlab.model.config import get_config
+    from memlab.model.step import StepSpec
 
     g = CUDA_GRIDS[scale]
     out = []

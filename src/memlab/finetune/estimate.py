@@ -28,25 +28,26 @@ from memlab.errors import MemlabError, check_choice
 from memlab.finetune.counts import adapted_linears, block_linear_shapes, trainable_parameters
 from memlab.finetune.lora import LoraConfig
 from memlab.finetune.qlora import BASE_SCHEMES
-from memlab.measure.step import StepSpec
-from memlab.memory.training import (
-    DEVICES,
+from memlab.memory.activations import (
     PARAM_BYTES,
     BackwardGrads,
-    MemoryEstimate,
     SavedTensor,
     activation_bytes,
     activation_peaks,
-    estimate,
     grads_done_in_block,
-    param_groups,
     saved_tensors,
+)
+from memlab.memory.estimator import (
+    DEVICES,
+    MemoryEstimate,
+    estimate,
     state_bytes,
     step_estimate,
     step_scratch_bytes,
 )
 from memlab.model.checkpoint import check_plan
-from memlab.model.transformer import ModelConfig, get_config
+from memlab.model.config import ModelConfig, get_config, param_groups
+from memlab.model.step import StepSpec
 from memlab.quant.functional import DQ_BLOCKSIZE
 
 NF4_BLOCK = 64  # bitsandbytes' 4-bit block: one absmax per 64 weights

@@ -77,7 +77,8 @@ def flops_table(model: str = "tiny", *, batch_size: int = 2, seq_len: int = 32,
 
     from memlab.finetune.compare import SETUPS
     from memlab.finetune.freeze import count_trainable
-    from memlab.model.transformer import Transformer, get_config
+    from memlab.model.config import get_config
+    from memlab.model.transformer import Transformer
 
     cfg = get_config(model, attention="eager")  # every matmul visible to the counter
     torch.manual_seed(0)

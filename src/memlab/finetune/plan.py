@@ -16,8 +16,9 @@ from memlab.finetune.compare import Setup
 from memlab.finetune.estimate import estimate_finetune
 from memlab.finetune.lora import LoraConfig
 from memlab.gpus import CATALOGUE, get_gpu
-from memlab.measure.step import StepSpec, trace_step
-from memlab.model.transformer import ModelConfig, get_config
+from memlab.measure.step import trace_step
+from memlab.model.config import ModelConfig, get_config
+from memlab.model.step import StepSpec
 from memlab.quant.sizes import NEOX_20B as NEOX_20B_SHAPE
 
 # GPT-NeoX-20B's shapes, as chapter 3 counts its weights (memlab.quant.sizes: 44 layers,
@@ -85,7 +86,7 @@ def _row(cfg: ModelConfig, setup: Setup, precision: str, B: int, T: int, ckpt: b
     if trace and setup.quantize_base is None:
         traced = trace_step(spec).peak_bytes
     return FitRow(cfg.name, setup.name, precision, ckpt, est.setup["trainable_parameters"],
-                  est.weights_bytes, est.activations_bytes, est.peak_bytes, traced,
+                  est.parameters_bytes, est.saved_activations_bytes, est.peak_bytes, traced,
                   {get_gpu(g).name: est.peak_bytes <= get_gpu(g).usable_bytes for g in gpus})
 
 
@@ -157,7 +158,7 @@ def context_sweep(model: str = "llama2-7b", *, batch_size: int = 1,
         kw = dict(batch_size=batch_size, seq_len=T)
         full = estimate_finetune(cfg, precision=precision, **kw)
         lo = estimate_finetune(cfg, lora=lora, precision=lora_precision, **kw)
-        rows.append(ContextRow(T, full.peak_bytes, lo.peak_bytes, lo.activations_bytes))
+        rows.append(ContextRow(T, full.peak_bytes, lo.peak_bytes, lo.saved_activations_bytes))
     choices = {}
     for tgt in targets:
         for r in ranks:
@@ -194,5 +195,5 @@ def twenty_b(*, gpu: str = "L4", batch_size: int = 1, seq_len: int = 512, r: int
                                     precision="bf16", checkpointing=ckpt, lora=lora,
                                     quantize_base=scheme)
             peaks[scheme + (" + checkpointing" if ckpt else "")] = est.peak_bytes
-            weights[scheme] = est.weights_bytes
+            weights[scheme] = est.parameters_bytes
     return TwentyB(g.name, g.usable_bytes, batch_size, seq_len, peaks, weights)

@@ -28,28 +28,23 @@ from memlab import plot
 from memlab.errors import MemlabError, check_choice, check_positive_int, require
 from memlab.gpus import CATALOGUE, RESERVED_BYTES, fits, get_gpu
 from memlab.interactive.page import mount_scripts
-from memlab.measure.step import PHASES, StepSpec
-from memlab.memory.training import (
-    BNB_BLOCK,
-    BNB_MIN_NUMEL,
-    COMPUTE_BYTES,
-    DEVICES,
-    FLASH_TILES,
-    PARAM_BYTES,
-    estimate,
-)
-from memlab.model.flash import DEFAULT_BLOCK as FLASH_BLOCK
-from memlab.model.train import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS
-from memlab.model.transformer import (
+from memlab.memory.activations import COMPUTE_BYTES, FLASH_TILES, PARAM_BYTES
+from memlab.memory.estimator import BNB_BLOCK, BNB_MIN_NUMEL, DEVICES, estimate
+from memlab.model.config import (
     ATTENTION_IMPLS,
     HF_BIAS_FLAGS,
     HF_FIELDS,
     HF_KINDS,
     HF_STYLES,
+    OPTIMIZER_IMPLS,
+    OPTIMIZERS,
+    PRECISIONS,
     PRESETS,
     ModelConfig,
     get_config,
 )
+from memlab.model.config import DEFAULT_BLOCK as FLASH_BLOCK
+from memlab.model.step import PHASES, StepSpec
 from memlab.plot.style import CATEGORY_COLORS, CATEGORY_LABELS
 from memlab.units import UNITS, fmt_bytes, to_unit
 
@@ -339,7 +334,7 @@ def estimator_data(model: str | ModelConfig = "llama2-7b", gpus=CATALOGUE) -> di
     """Everything the estimator's script multiplies by, as JSON-ready data read from the library (chapter: 1).
 
     Bytes of each dtype (torch), of parameters and matmul outputs per precision and
-    bitsandbytes' blocks (memlab.memory.training), the menu's models resolved by ModelConfig,
+    bitsandbytes' blocks (memlab.memory.estimator), the menu's models resolved by ModelConfig,
     each GPU's usable bytes (memlab.gpus), the config.json table (memlab.model.transformer).
     """
     menu, _ = _menu_models(model)

@@ -13,7 +13,9 @@ import torch
 
 from memlab.device import pick_device
 from memlab.labs.grader import answer_keys_problem, answer_number, close_to, define_lab, named_slip
-from memlab.measure.step import PHASES, StepMemory, measure_peak
+from memlab.measure.peak import measure_peak
+from memlab.measure.step import StepMemory
+from memlab.model.step import PHASES
 
 # The model and batch the lab measures, per scale.
 SIZES = {

@@ -22,8 +22,8 @@ from memlab.labs.grader import (
     named_slip,
 )
 from memlab.measure.step import StepMemory, trace_step
-from memlab.memory.training import estimate
-from memlab.model.transformer import ModelConfig, get_config
+from memlab.memory.estimator import estimate
+from memlab.model.config import ModelConfig, get_config
 
 # Exercise 1.1: the training setups whose bytes per parameter are measured on the tiny model.
 SETUPS = {
@@ -130,7 +130,7 @@ def job_table(jobs: dict | None = None) -> list[JobRow]:
         gpu = smallest_gpu(e.peak_bytes)
         usable = None if gpu == NONE else get_gpu(gpu).usable_bytes
         rows.append(JobRow(name, e.parameters,
-                           e.weights_bytes + e.gradients_bytes + e.optimizer_bytes,
+                           e.parameters_bytes + e.gradients_bytes + e.optimizer_states_bytes,
                            e.peak_bytes, e.peak_phase, gpu, usable,
                            None if usable is None else usable - e.peak_bytes))
     return rows

@@ -17,7 +17,7 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.labs.grader import answer_keys_problem, answer_number, define_lab, one_line
-from memlab.model.transformer import PRESETS, ModelConfig
+from memlab.model.config import PRESETS, ModelConfig
 from memlab.precision.formats import spec
 from memlab.quant.functional import (
     LLM_INT8_THRESHOLD,

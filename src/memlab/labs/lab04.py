@@ -36,9 +36,9 @@ from memlab.labs.grader import (
     named_slip,
     one_line,
 )
-from memlab.memory.inference import DTYPE_BYTES
+from memlab.memory.estimator import DTYPE_BYTES
+from memlab.model.config import ModelConfig, get_config
 from memlab.model.flash import online_softmax_update
-from memlab.model.transformer import ModelConfig, get_config
 
 # Exercise 4.1: attention scores of a few query rows (one row per query, one column per key),
 # with spikes placed so that a row's max rises in a later block (row 0, a score whose exp()

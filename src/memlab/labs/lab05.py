@@ -41,8 +41,9 @@ from memlab.labs.grader import (
     named_slip,
     one_line,
 )
-from memlab.memory.training import PARAM_BYTES, MemoryEstimate
-from memlab.model.transformer import ModelConfig, get_config
+from memlab.memory.activations import PARAM_BYTES
+from memlab.memory.estimator import MemoryEstimate
+from memlab.model.config import ModelConfig, get_config
 
 # Exercise 5.1: LoRA set-ups whose trainable parameters are counted from the config alone. A
 # grouped-query model (mistral-7b, llama3-8b: n_kv_head < n_head) makes k_proj and v_proj
@@ -440,7 +441,7 @@ def setup_slips() -> dict[str, str]:
 
     fitting = [name for name in MENU if peak(name) <= usable]
     picks = [
-        (first_fitting(usable, lambda n: setup_estimate(n).weights_bytes),
+        (first_fitting(usable, lambda n: setup_estimate(n).parameters_bytes),
          "compare the estimated peak (peak_bytes), not the weights: gradients, optimizer states, "
          "activations and temporaries come on top of them"),
         (first_fitting(usable, lambda n: setup_estimate(n, checkpointing=False).peak_bytes),

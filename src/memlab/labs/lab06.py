@@ -38,8 +38,8 @@ from memlab.labs.grader import (
     merged_slips,
     named_slip,
 )
-from memlab.memory.training import param_groups
-from memlab.model.transformer import ModelConfig, build_model, lm_loss
+from memlab.model.config import ModelConfig, param_groups
+from memlab.model.transformer import build_model, lm_loss
 from memlab.results import Record, recorded
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states")

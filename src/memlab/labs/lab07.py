@@ -5,7 +5,7 @@ the set-up a memory planner says is cheapest.
 Every expected value is computed at check time, never typed in: the FLOPs with
 :func:`memlab.compute.flops.step_flops` and, for one small case, PyTorch's ``FlopCounterMode``
 itself (:func:`memlab.measure.step.trace_step` with ``count_flops=True``); the saved bytes with
-:func:`memlab.memory.training.estimate` and the recomputed FLOPs with ``step_flops``'s
+:func:`memlab.memory.estimator.estimate` and the recomputed FLOPs with ``step_flops``'s
 ``recompute`` (PyTorch's early stop on); the micro-batch with ``estimate``'s peak at each
 divisor of the global batch; the set-up with :func:`memlab.compute.plan.plan_training`. Each
 hint names one mistake and fires only on the answer that mistake gives, computed from the same
@@ -25,9 +25,9 @@ from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.gpus import get_gpu
 from memlab.labs.grader import answer_number, call_learner, close_to, define_lab, one_line
 from memlab.measure.step import trace_step
-from memlab.memory.training import estimate, saved_tensors
-from memlab.model.train import PRECISIONS
-from memlab.model.transformer import ModelConfig, get_config
+from memlab.memory.activations import saved_tensors
+from memlab.memory.estimator import estimate
+from memlab.model.config import PRECISIONS, ModelConfig, get_config
 from memlab.units import to_unit
 
 # Exercise 7.1: configs of both styles, with and without GQA, at several sequence lengths;
@@ -273,7 +273,7 @@ def every_k_args(case: str) -> dict:
 def saved_pieces(cfg: ModelConfig, batch_size: int, seq_len: int, precision: str) -> dict[str, int]:
     """Bytes of :data:`PIECES`: what one block saves, one block's input, what is saved outside the blocks (chapter: 7).
 
-    From :func:`memlab.memory.training.saved_tensors`: a block's full list without
+    From :func:`memlab.memory.activations.saved_tensors`: a block's full list without
     checkpointing; the input a checkpointed block keeps, and what the step saves once (the final
     norm, the head's log-softmax, the loss, RoPE tables or positions), from the list with
     every block checkpointed.
@@ -296,7 +296,7 @@ def reference_every_k(cfg: ModelConfig, batch_size: int, seq_len: int, k: int,
     check_positive_int("k", k)
     plan = f"every-{k}"
     saved = estimate(cfg, batch_size=batch_size, seq_len=seq_len, precision=precision,
-                     checkpointing=plan).activations_bytes
+                     checkpointing=plan).saved_activations_bytes
     extra = step_flops(cfg, batch_size=batch_size, seq_len=seq_len, checkpointing=plan).recompute
     return saved, extra
 
@@ -326,7 +326,7 @@ def every_k_byte_slips() -> list[tuple[Callable, str]]:
     def plan(name):
         return lambda cfg, batch_size, seq_len, k, precision: estimate(
             cfg, batch_size=batch_size, seq_len=seq_len, precision=precision,
-            checkpointing=name(k)).activations_bytes
+            checkpointing=name(k)).saved_activations_bytes
 
     return [
         (rule(lambda L, k: L // k), "the checkpointed blocks are 0, k, 2k, ...: ceil(L / k) "

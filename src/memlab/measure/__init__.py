@@ -21,16 +21,11 @@ from memlab.measure.allocator import (  # noqa: F401
     measure_cuda_blocks,
     model_state_requests,
 )
+from memlab.measure.peak import METHODS, PeakMemory, measure_peak  # noqa: F401
 from memlab.measure.step import (  # noqa: F401
-    CATEGORIES,
-    METHODS,
-    PHASES,
-    PeakMemory,
     StepMemory,
-    StepSpec,
     autocast_dtype,
     default_dtype,
-    measure_peak,
     measure_step,
     param_dtype,
     trace_step,

@@ -21,7 +21,8 @@ import torch
 from memlab.device import pick_device
 from memlab.errors import MemlabError
 from memlab.gpus import GPU, RESERVED_BYTES, get_gpu
-from memlab.measure.step import StepSpec, default_dtype, param_dtype
+from memlab.measure.step import default_dtype, param_dtype
+from memlab.model.step import StepSpec
 from memlab.model.transformer import build_model
 
 # The CUDA caching allocator's constants ------------------------------------------------------

@@ -1,17 +1,11 @@
-"""Peak memory of a callable, and of one training step split by category.
+"""One training step split by category: where do a training step's bytes go? (chapter 0)
 
-Two questions, one module:
-
-* :func:`measure_peak` -- how many bytes did this call need at most? On CUDA it reads
-  the caching allocator's own counters. On CPU it replays the profiler's allocation
-  events, which include memory that aten kernels allocate in C++ (Python's
-  ``tracemalloc`` sees none of it). Elsewhere (MPS) a dispatch-mode tracker adds up the
-  storages that tensor operations create and drops them when they are freed.
-* :func:`measure_step` and :func:`trace_step` -- where do a training step's bytes go?
-  Both run the same step (``_run_step``) under PyTorch's ``MemTracker``, which files every
-  tensor storage as a parameter, gradient, optimizer state, activation or temporary.
-  ``measure_step`` allocates the model for real; ``trace_step`` runs it under
-  ``FakeTensorMode``, so a 7B model's step is counted on a laptop without allocating it.
+:func:`measure_step` and :func:`trace_step` both run the same step (``_run_step``) under PyTorch's
+``MemTracker``, which files every tensor storage as a parameter, gradient, optimizer state,
+activation or temporary. ``measure_step`` allocates the model for real; ``trace_step`` runs it
+under ``FakeTensorMode``, so a 7B model's step is counted on a laptop without allocating it.
+The step is described by :class:`memlab.model.step.StepSpec`; :func:`memlab.measure.peak.measure_peak`
+measures the peak of any callable.
 
 The step is run twice and the second iteration is reported: the first one creates the
 optimizer states, the second one is the steady state every later step repeats.
@@ -21,30 +15,22 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
-import sys
-import weakref
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from memlab.device import pick_device
-from memlab.errors import MemlabError, check_choice, check_positive_int
-from memlab.model.checkpoint import parse_checkpointing
-from memlab.model.train import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, make_optimizer
-from memlab.model.transformer import ATTENTION_IMPLS, ModelConfig, build_model, get_config, lm_loss
-from memlab.units import to_unit
-
-METHODS = ("auto", "cuda-allocator", "cpu-profiler", "dispatch")
-PHASES = ("forward", "backward", "optimizer")  # a training step's phases (inference: memory.inference)
-CATEGORIES = (
-    "parameters", "gradients", "optimizer_states", "activations", "temporaries", "other",
+from memlab.errors import MemlabError, check_choice
+from memlab.model.config import (
+    OPTIMIZERS,
+    ModelConfig,
 )
+from memlab.model.step import CATEGORIES, PHASES, StepSpec, checkpointing_words, step_bytes
+from memlab.model.train import make_optimizer
+from memlab.model.transformer import build_model, lm_loss
+from memlab.units import to_unit
 
 # Parameter dtype, and the dtype autocast runs the forward in (None: no autocast).
 _PARAM_DTYPE = {
@@ -66,291 +52,6 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
     return _AUTOCAST_DTYPE.get(precision)
 
 
-# Peak of a callable ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PeakMemory:
-    """Peak bytes of one call, relative to what was allocated when it started."""
-
-    device: str  # 'cuda' | 'mps' | 'cpu'
-    method: str  # 'cuda-allocator' | 'cpu-profiler' | 'dispatch'
-    peak_allocated_bytes: int  # most bytes live at once during the call, above the start
-    peak_reserved_bytes: int | None  # CUDA only: new memory the caching allocator reserved
-    end_allocated_bytes: int  # bytes still allocated when the call returned (e.g. its result)
-
-    def as_dict(self) -> dict:
-        """The fields as a plain dict (chapter: 0)."""
-        return asdict(self)
-
-
-def measure_peak(
-    fn: Callable, *args, device=None, method: str = "auto", **kwargs
-) -> tuple[Any, PeakMemory]:
-    """Run ``fn(*args, **kwargs)``; return its result and its peak bytes above the start (chapter: 0).
-
-    ``method='auto'`` picks ``'cuda-allocator'`` on CUDA, ``'cpu-profiler'`` on CPU and
-    ``'dispatch'`` elsewhere; ``'dispatch'`` works on every device. ``device`` and
-    ``method`` are taken by this function, so ``fn`` cannot receive arguments of those names;
-    instead ``fn`` runs with ``device`` as the default device, so ``measure_peak(torch.empty,
-    n, device="cuda")`` allocates on the GPU.
-    """
-    if not callable(fn):
-        raise MemlabError(f"measure_peak needs a callable, got {fn!r}")
-    check_choice("measurement method", method, METHODS)
-    dev = pick_device(device)
-    if method == "auto":
-        method = {"cuda": "cuda-allocator", "cpu": "cpu-profiler"}.get(dev.type, "dispatch")
-    if method == "cuda-allocator" and dev.type != "cuda":
-        raise MemlabError(
-            f"method 'cuda-allocator' needs device 'cuda', got {dev.type!r}; accepted there: "
-            "cpu-profiler (cpu), dispatch (any)"
-        )
-    if method == "cpu-profiler" and dev.type != "cpu":
-        raise MemlabError(
-            f"method 'cpu-profiler' needs device 'cpu', got {dev.type!r}; accepted there: "
-            + ("cuda-allocator, dispatch" if dev.type == "cuda" else "dispatch")
-        )
-    gc.collect()  # garbage from earlier cells must not be freed inside the measured call
-    run = {"cuda-allocator": _peak_cuda, "cpu-profiler": _peak_cpu_profiler,
-           "dispatch": _peak_dispatch}[method]
-    with torch.device(dev):  # factory calls inside fn allocate on the measured device
-        result, peak, reserved, end = run(dev, fn, args, kwargs)
-    return result, PeakMemory(
-        device=dev.type,
-        method=method,
-        peak_allocated_bytes=int(max(peak, 0)),
-        peak_reserved_bytes=None if reserved is None else int(max(reserved, 0)),
-        end_allocated_bytes=int(end),
-    )
-
-
-def _peak_cuda(dev, fn, args, kwargs):
-    # The caching allocator counts every tensor byte, kernels' workspaces included. Its
-    # peak counter is global, so reset it and subtract what was already allocated.
-    torch.cuda.synchronize(dev)
-    torch.cuda.reset_peak_memory_stats(dev)
-    start_allocated = torch.cuda.memory_allocated(dev)
-    start_reserved = torch.cuda.memory_reserved(dev)
-    result = fn(*args, **kwargs)
-    torch.cuda.synchronize(dev)  # kernels are asynchronous: let them finish first
-    peak = torch.cuda.max_memory_allocated(dev) - start_allocated
-    reserved = torch.cuda.max_memory_reserved(dev) - start_reserved
-    end = torch.cuda.memory_allocated(dev) - start_allocated
-    return result, peak, reserved, end
-
-
-@contextlib.contextmanager
-def quiet_stderr() -> Iterator[None]:
-    """Silence file descriptor 2 while Kineto prints its start and stop lines from C++ (chapter: 0)."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):  # no real fd 2: nothing to silence
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-def _peak_cpu_profiler(dev, fn, args, kwargs):
-    # The profiler records one "[memory]" event per CPU allocation (+bytes) and free
-    # (-bytes), including those made inside aten kernels. Replaying them in time order
-    # gives the live bytes after each event; the largest prefix sum is the peak. Only the
-    # call runs between start() and stop(), so the profiler's own set-up is not counted.
-    from torch.profiler import ProfilerActivity, profile
-
-    if not torch.autograd.kineto_available():
-        raise MemlabError(
-            "method 'cpu-profiler' needs torch's Kineto profiler, which this torch build "
-            "lacks; use method='dispatch'"
-        )
-    # A second profiler session would silently end the caller's one: refuse instead.
-    if getattr(torch._C._autograd, "_profiler_enabled", lambda: False)():
-        raise MemlabError(
-            "method 'cpu-profiler' cannot run inside another torch profiler session; "
-            "use method='dispatch'"
-        )
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    try:
-        with quiet_stderr():
-            prof.start()
-    except RuntimeError as exc:
-        raise MemlabError(
-            f"method 'cpu-profiler' could not start the torch profiler ({exc}); "
-            "use method='dispatch'"
-        ) from None
-    try:
-        result = fn(*args, **kwargs)
-    finally:
-        with quiet_stderr():
-            prof.stop()
-    results = getattr(prof.profiler, "kineto_results", None)
-    if results is None:
-        raise MemlabError(
-            f"method 'cpu-profiler' found no profiler results in torch {torch.__version__}; "
-            "use method='dispatch'"
-        )
-    cpu = torch.autograd.DeviceType.CPU
-    events = sorted(
-        (e.start_ns(), e.nbytes())
-        for e in results.events()
-        if e.name() == "[memory]" and e.device_type() == cpu
-    )
-    live = peak = 0
-    for _, n_bytes in events:
-        live += n_bytes
-        peak = max(peak, live)
-    return result, peak, None, live
-
-
-class _StorageTracker(TorchDispatchMode):
-    """Adds up the storages that operations create; drops each one when it is freed.
-
-    A storage first seen as an *input* existed before the call: it is remembered with 0
-    bytes, so a view or in-place op on it is not counted as new memory. Misses memory a
-    kernel allocates and frees internally, and storages resized in place.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._bytes: dict[int, int] = {}  # id(storage) -> bytes counted for it
-        self._refs: dict[int, weakref.ref] = {}
-        self.live_bytes = 0
-        self.peak_bytes = 0
-
-    def _see(self, t: torch.Tensor, new: bool) -> None:
-        try:
-            st = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # sparse, nested: no plain storage
-            return
-        key = id(st)  # storage objects stay the same Python object while they live
-        if key in self._bytes:
-            return
-        n_bytes = st.nbytes() if new else 0
-        self._bytes[key] = n_bytes
-        self._refs[key] = weakref.ref(st, partial(self._freed, key))
-        self.live_bytes += n_bytes
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-
-    def _freed(self, key: int, _ref) -> None:
-        self._refs.pop(key, None)
-        self.live_bytes -= self._bytes.pop(key, 0)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        for t in tree_leaves((args, kwargs)):
-            if isinstance(t, torch.Tensor):
-                self._see(t, new=False)
-        out = func(*args, **kwargs)
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self._see(t, new=True)
-        return out
-
-
-def _peak_dispatch(dev, fn, args, kwargs):
-    tracker = _StorageTracker()
-    with tracker:
-        result = fn(*args, **kwargs)
-    return result, tracker.peak_bytes, None, tracker.live_bytes
-
-
-def checkpointing_words(label) -> str:
-    """', checkpointing' (full), ', <plan> checkpointing' or '' for a setup's value, as tables write it (chapters: 0, 7)."""
-    plan = parse_checkpointing(label)
-    if not plan:
-        return ""
-    return ", checkpointing" if plan.kind == "full" else f", {plan.name} checkpointing"
-
-
-# A training step, split by category ---------------------------------------------------------
-@dataclass(frozen=True)
-class StepSpec:
-    """One training step, validated once: model, batch shape, precision, optimizer and switches.
-
-    The one description of a step that :func:`measure_step`, :func:`trace_step`,
-    :func:`memlab.memory.estimate`, the command line and the estimator widget all take (chapters: 0, 1).
-    ``attention`` (``None``: the model's own) replaces the config's attention implementation.
-    """
-
-    config: ModelConfig | str
-    batch_size: int
-    seq_len: int
-    precision: str = "fp32"
-    optimizer: str = "adamw"
-    optimizer_impl: str = "foreach"  # 'foreach' (CUDA's default), 'fused' or 'for-loop'
-    # Activation checkpointing (memlab.model.checkpoint): False (none), True (full: one saved
-    # input per block), or a plan name: 'selective', 'every-K', 'segments-K'.
-    checkpointing: bool | str = False
-    grad_accum_steps: int = 1  # micro-batches whose gradients add up before one optimizer step
-    attention: str | None = None
-    # Applied to the built model before the step (inside the fake mode when traced): freezing,
-    # adapters, a quantized base (chapter 5). Named in ``as_dict`` by its ``name`` attribute.
-    prepare: Callable[[torch.nn.Module], object] | None = None
-
-    def __post_init__(self) -> None:
-        cfg = self.config
-        if isinstance(cfg, str):
-            cfg = get_config(cfg)
-        if not isinstance(cfg, ModelConfig):
-            raise MemlabError(f"model must be a preset name or a ModelConfig, got {cfg!r}")
-        if self.attention is not None:
-            check_choice("attention", self.attention, ATTENTION_IMPLS)
-            if self.attention != cfg.attention:
-                cfg = replace(cfg, attention=self.attention)
-        object.__setattr__(self, "config", cfg)
-        object.__setattr__(self, "attention", cfg.attention)
-        check_positive_int("batch_size", self.batch_size)
-        check_positive_int("seq_len", self.seq_len)
-        if self.seq_len > cfg.max_seq_len:
-            raise MemlabError(
-                f"seq_len {self.seq_len} exceeds max_seq_len {cfg.max_seq_len} of model {cfg.name!r}"
-            )
-        check_choice("precision", self.precision, PRECISIONS)
-        check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        check_choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
-        if self.optimizer == "adamw-8bit" and self.optimizer_impl == "fused":
-            raise MemlabError("optimizer 'adamw-8bit' has its own kernels; accepted optimizer_impl "
-                              "for it: foreach, for-loop")
-        object.__setattr__(self, "checkpointing", parse_checkpointing(self.checkpointing).label)
-        check_positive_int("grad_accum_steps", self.grad_accum_steps)
-        if self.prepare is not None and not callable(self.prepare):
-            raise MemlabError(f"prepare must be a callable taking the model, got {self.prepare!r}")
-
-    @classmethod
-    def of(cls, config_or_spec, **switches) -> StepSpec:
-        """A spec from a spec (no switches allowed), a config or a preset name and switches (chapters: 0, 1)."""
-        if isinstance(config_or_spec, StepSpec):
-            if switches:
-                raise MemlabError(f"pass either a StepSpec or switches, not both: {sorted(switches)}")
-            return config_or_spec
-        return cls(config_or_spec, **switches)
-
-    def as_dict(self) -> dict:
-        """Model name, parameter count, batch shape and switches, as stored in StepMemory.setup (chapter: 0)."""
-        cfg = self.config
-        return {
-            "model": cfg.name,
-            "parameters": cfg.num_parameters(),
-            "batch_size": self.batch_size,
-            "seq_len": self.seq_len,
-            "precision": self.precision,
-            "optimizer": self.optimizer,
-            "optimizer_impl": self.optimizer_impl,
-            "checkpointing": self.checkpointing,
-            "grad_accum_steps": self.grad_accum_steps,
-            "attention": cfg.attention,
-            **({"prepare": getattr(self.prepare, "name", getattr(self.prepare, "__name__",
-                                                                 "custom"))}
-               if self.prepare is not None else {}),
-        }
-
-
 @dataclass(frozen=True)
 class StepMemory:
     """Bytes of one steady-state training step, by category, at the moment of its peak.
@@ -370,20 +71,24 @@ class StepMemory:
     device are.
     """
 
+    # The byte fields of every result of a step (memlab.model.step.STEP_BYTES, STYLE.md), as the
+    # estimate (memlab.memory.MemoryEstimate) has them: parameters, gradients and optimizer
+    # states whole, as the optimizer step holds them; the saved activations at the end of the
+    # forward pass; activations, temporaries and other at the peak.
     parameters_bytes: int
     gradients_bytes: int
     optimizer_states_bytes: int
-    activations_bytes: int
+    saved_activations_bytes: int
+    activations_at_peak_bytes: int
     temporaries_bytes: int
     other_bytes: int
-    peak_bytes: int  # the sum of the six categories above
-    phase_peak_bytes: dict[str, int]  # 'forward' | 'backward' | 'optimizer' -> peak in that phase
+    peak_bytes: int  # the six categories at the peak, summed (phase_breakdown[peak_phase])
     peak_phase: str  # the phase holding the overall peak
+    phase_peak_bytes: dict[str, int]  # 'forward' | 'backward' | 'optimizer' -> peak in that phase
+    phase_breakdown: dict[str, dict[str, int]]  # categories at each phase's peak
     mode: str  # 'measured' (real tensors) or 'traced' (FakeTensorMode)
     device: str  # where the tensors live ('cpu' when traced: fake CPU tensors)
     setup: dict  # StepSpec.as_dict(): model, parameters, batch_size, seq_len, ...
-    phase_breakdown: dict[str, dict[str, int]] = field(default_factory=dict)  # categories at each phase's peak
-    saved_activations_bytes: int = 0  # activations alive at the end of the forward pass, for backward
     # CUDA only: the allocator's peaks in the recorded step, above what was allocated (reserved)
     # before the model was built; a cross-check of peak_bytes that also sees kernel workspaces.
     allocator_peak_bytes: int | None = None
@@ -398,6 +103,10 @@ class StepMemory:
         """The fields as a plain dict, bytes as ints (chapter: 0)."""
         return asdict(self)
 
+    def breakdown(self) -> dict[str, int]:
+        """Bytes by category at the peak, summing to ``peak_bytes`` (what a stacked bar shows) (chapter: 0)."""
+        return dict(self.phase_breakdown[self.peak_phase])
+
     def table(self, unit: str | None = None) -> str:
         """The categories as a text table in MiB or GiB with their share of the peak (chapter: 0)."""
         unit = unit or ("GiB" if self.peak_bytes >= 2**30 else "MiB")
@@ -411,8 +120,9 @@ class StepMemory:
             f"{'category':<18}{unit:>12}{'share of peak':>16}",
         ]
         share = (lambda b: 100.0 * b / self.peak_bytes) if self.peak_bytes else (lambda b: 0.0)
+        at_peak = self.phase_breakdown[self.peak_phase]
         for name in CATEGORIES:
-            b = getattr(self, f"{name}_bytes")
+            b = at_peak[name]
             lines.append(f"{name.replace('_', ' '):<18}{to_unit(b, unit):>12.3f}{share(b):>15.1f}%")
         lines.append(
             f"{'peak':<18}{to_unit(self.peak_bytes, unit):>12.3f}{100.0:>15.1f}%"
@@ -727,17 +437,11 @@ def _run_step(setup: StepSpec, *, device: torch.device, traced: bool, seed: int,
     saved = phase_snaps["forward:end"]["ACT"]
     phase_peak = {p: phase_snaps[p]["Total"] for p in PHASES}
     peak_phase = max(PHASES, key=lambda p: phase_peak[p])  # the earliest phase on a tie
-    at_peak = breakdown[peak_phase]
     return StepMemory(
-        **{f"{c}_bytes": at_peak[c] for c in CATEGORIES},
-        peak_bytes=phase_peak[peak_phase],
-        phase_peak_bytes=phase_peak,
-        peak_phase=peak_phase,
+        **step_bytes(breakdown, phase_peak, peak_phase, saved),
         mode="traced" if traced else "measured",
         device=device.type,
         setup=setup.as_dict(),
-        phase_breakdown=breakdown,
-        saved_activations_bytes=saved,
         allocator_peak_bytes=int(allocator_peak) if cuda else None,
         allocator_reserved_bytes=int(allocator_reserved) if cuda else None,
         flops=sum(flops.by_phase.values()) if count_flops else None,

@@ -23,15 +23,9 @@ import torch
 
 from memlab.device import pick_device
 from memlab.errors import MemlabError, check_choice
-from memlab.measure.step import (
-    CATEGORIES,
-    PHASES,
-    StepSpec,
-    autocast_dtype,
-    default_dtype,
-    param_dtype,
-    quiet_stderr,
-)
+from memlab.measure.peak import quiet_stderr
+from memlab.measure.step import autocast_dtype, default_dtype, param_dtype
+from memlab.model.step import CATEGORIES, PHASES, StepSpec
 from memlab.model.train import make_optimizer
 from memlab.model.transformer import build_model, lm_loss
 from memlab.units import to_unit

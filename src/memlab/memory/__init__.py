@@ -1,11 +1,25 @@
 """Part 1, where the memory goes (chapter 1): the tensor-by-tensor estimator, inference with a
 KV cache, and other estimators compared.
 
+The estimator is arithmetic on a model's configuration (:mod:`memlab.model.config`) and a step's
+description (:class:`memlab.model.step.StepSpec`): :mod:`~memlab.memory.activations` lists the
+saved tensors, :mod:`~memlab.memory.estimator` holds the result type and the walk, with one way in
+per question (:func:`estimate` for a training step, :func:`estimate_inference` for an inference
+pass). Neither imports torch; :mod:`~memlab.memory.inference` generates, measures and traces.
+
 The pieces live in this folder's modules; their public names are re-exported here, so that
 ``from memlab.memory import ...`` reaches them. ``experiments.py`` and ``claims.py`` register
 experiments and verdicts; this package does not import them.
 """
 
+from memlab.memory.activations import (  # noqa: F401
+    COMPUTE_BYTES,
+    PARAM_BYTES,
+    SavedTensor,
+    activation_bytes,
+    saved_by_stage,
+    saved_tensors,
+)
 from memlab.memory.compare import (  # noqa: F401
     ACCELERATE_ROW,
     BYTES_PER_PARAM_SPLITS,
@@ -25,34 +39,26 @@ from memlab.memory.compare import (  # noqa: F401
     eleutherai_parameter_count,
     rule_of_thumb_loading,
 )
-from memlab.memory.inference import (  # noqa: F401
+from memlab.memory.estimator import (  # noqa: F401
+    BNB_BLOCK,
+    BNB_MIN_NUMEL,
+    DEVICES,
     DTYPE_BYTES,
     DTYPES,
     INFERENCE_PHASES,
-    InferenceMemory,
-    estimate_inference,
-    forward_stage_bytes,
-    generate,
-    measure_inference,
-    trace_inference,
-)
-from memlab.memory.training import (  # noqa: F401
-    BNB_BLOCK,
-    BNB_MIN_NUMEL,
-    COMPUTE_BYTES,
-    DEVICES,
-    MODES,
-    PARAM_BYTES,
     MemoryEstimate,
-    SavedTensor,
-    activation_bytes,
     batch_for_peak,
     bytes_per_param_curve,
     estimate,
-    kv_cache_bytes,
+    estimate_inference,
+    forward_stage_bytes,
     largest_batch_that_fits,
     optimizer_state_bytes,
     optimizer_step_scratch_bytes,
-    saved_by_stage,
-    saved_tensors,
+)
+from memlab.memory.inference import (  # noqa: F401
+    InferenceMemory,
+    generate,
+    measure_inference,
+    trace_inference,
 )

@@ -15,14 +15,15 @@ import functools
 
 from memlab import claims
 from memlab.gpus import get_gpu
-from memlab.measure.step import measure_peak
-from memlab.memory.training import (
+from memlab.measure.peak import measure_peak
+from memlab.memory.estimator import (
     batch_for_peak,
     estimate,
     largest_batch_that_fits,
     optimizer_state_bytes,
 )
-from memlab.model.transformer import build_model, get_config
+from memlab.model.config import get_config
+from memlab.model.transformer import build_model
 from memlab.units import fmt_bytes
 
 _CH1 = "chapters/01_where_the_memory_goes"

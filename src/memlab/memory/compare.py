@@ -1,6 +1,6 @@
 """Other popular memory estimators, each computed by its own conventions.
 
-The book's estimator (:mod:`memlab.memory.training`) models a training step tensor by tensor and takes
+The book's estimator (:mod:`memlab.memory.estimator`) models a training step tensor by tensor and takes
 the largest phase. The estimators people usually reach for make different choices, and the
 chapter shows their ratio to a traced or measured step side by side. Each one here follows
 its source's conventions faithfully, quirks included, and says which in ``convention`` and
@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from memlab.errors import MemlabError, check_choice, check_positive_int, require
-from memlab.model.train import PRECISIONS
-from memlab.model.transformer import ModelConfig, build_model, get_config
+from memlab.model.config import PRECISIONS, ModelConfig, get_config
+from memlab.model.transformer import build_model
 from memlab.units import to_unit
 
 # accelerate's estimate_training_usage() rows: 'float32' for fp32 training, the 16-bit row for
@@ -54,10 +54,10 @@ class OtherEstimate:
 
     name: str
     convention: str  # one line: what the method counts and how it combines the terms
-    weights_bytes: int | None
+    parameters_bytes: int | None
     gradients_bytes: int | None
-    optimizer_bytes: int | None
-    activations_bytes: int | None
+    optimizer_states_bytes: int | None
+    saved_activations_bytes: int | None
     total_bytes: int  # the number the method reports
     notes: str  # its quirks, and how this reproduction relates to its source
     details: dict = field(default_factory=dict)  # method-specific extras (parameter counts, ...)
@@ -139,10 +139,10 @@ def _accelerate_from_model(mdl, precision: str, *, name: str = "model",
         name="accelerate estimate-memory" + (" (AutoModel: no LM head)" if drop_lm_head else ""),
         convention=(f"{row} row: the largest of four stages of an fp32-sized model F "
                     "(model, gradients, optimizer, step); batch size 1, no activations"),
-        weights_bytes=stages["model"],
+        parameters_bytes=stages["model"],
         gradients_bytes=stages["gradients"],
-        optimizer_bytes=stages["optimizer"],
-        activations_bytes=None,
+        optimizer_states_bytes=stages["optimizer"],
+        saved_activations_bytes=None,
         total_bytes=training,
         notes=(f"{name}{head}: {params:,} parameters and {buffers:,} bytes of buffers, both "
                "counted by calculate_maximum_sizes. The total is a max over stages, not a sum: "
@@ -269,10 +269,10 @@ def eleutherai_estimate(model: ModelConfig | str, *, batch_size: int, seq_len: i
         convention=(f"{bytes_per_param} + 4 + 12 bytes/param plus sbhL(34 + 5as/h) activations"
                     + (" (34sbhL with checkpointing)" if checkpointing else "")
                     + ", all summed"),
-        weights_bytes=weights,
+        parameters_bytes=weights,
         gradients_bytes=grads,
-        optimizer_bytes=optimizer,
-        activations_bytes=acts,
+        optimizer_states_bytes=optimizer,
+        saved_activations_bytes=acts,
         total_bytes=total,
         notes=" ".join(notes),
         details={"parameters": n, "parameters_their_formula": their_n,
@@ -306,10 +306,10 @@ def bytes_per_param_estimate(model: ModelConfig | str, bytes_per_param: float = 
         name=f"{bytes_per_param:g} bytes/param",
         convention=f"{bytes_per_param:g} bytes per parameter for weights, gradients and Adam "
                    "states; no activations",
-        weights_bytes=w,
+        parameters_bytes=w,
         gradients_bytes=g,
-        optimizer_bytes=o,
-        activations_bytes=None,
+        optimizer_states_bytes=o,
+        saved_activations_bytes=None,
         total_bytes=round(bytes_per_param * n),
         notes=note + " Ignores activations, temporaries and the batch entirely.",
         details={"parameters": n, "bytes_per_param": bytes_per_param},
@@ -324,10 +324,10 @@ def rule_of_thumb_loading(model: ModelConfig | str) -> OtherEstimate:
     return OtherEstimate(
         name="4 GB per billion parameters",
         convention="fp32 weights only (4 bytes/param), in GB of 10^9 bytes: loading, not training",
-        weights_bytes=total,
+        parameters_bytes=total,
         gradients_bytes=None,
-        optimizer_bytes=None,
-        activations_bytes=None,
+        optimizer_states_bytes=None,
+        saved_activations_bytes=None,
         total_bytes=total,
         notes=("A rule for loading a model in fp32; it has no gradients, optimizer states or "
                f"activations. {n / 1e9:.3f} billion parameters -> {total / 1e9:.2f} GB "
@@ -375,10 +375,10 @@ def comparison_table(estimates: list[OtherEstimate], measured_bytes: int, unit: 
 
         rows.append({
             "method": e.name,
-            f"weights ({unit})": conv(e.weights_bytes),
+            f"weights ({unit})": conv(e.parameters_bytes),
             f"gradients ({unit})": conv(e.gradients_bytes),
-            f"optimizer ({unit})": conv(e.optimizer_bytes),
-            f"activations ({unit})": conv(e.activations_bytes),
+            f"optimizer ({unit})": conv(e.optimizer_states_bytes),
+            f"activations ({unit})": conv(e.saved_activations_bytes),
             f"total ({unit})": conv(e.total_bytes),
             "ratio to measured": e.ratio_to(measured_bytes),
             "convention": e.convention,

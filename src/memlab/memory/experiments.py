@@ -62,7 +62,7 @@ class AccuracyResult:
 def _accuracy_grid(scale: str):
     from dataclasses import replace
 
-    from memlab.model.transformer import get_config
+    from memlab.model.config import get_config
 
     small = get_config("tiny", n_layer=2, d_model=128, n_head=8, n_kv_head=2, d_ff=352,
                        vocab_size=1024, max_seq_len=1024, name="small-gqa")
@@ -106,7 +106,7 @@ def estimator_accuracy(scale: str | None = None, *, measured: bool = False) -> A
     import statistics
 
     from memlab.measure.step import measure_step, trace_step
-    from memlab.memory.training import estimate
+    from memlab.memory.estimator import estimate
 
     rows = []
     for cfg, precision, opt, impl, ckpt, accum, B, T in _accuracy_grid(get_scale(scale)):
@@ -122,8 +122,8 @@ def estimator_accuracy(scale: str | None = None, *, measured: bool = False) -> A
             attention=cfg.attention, checkpointing=ckpt, grad_accum_steps=accum,
             batch_size=B, seq_len=T,
             exact_states=(steady["parameters"], steady["gradients"], steady["optimizer_states"])
-            == (est.weights_bytes, est.gradients_bytes, est.optimizer_bytes),
-            activations_error=est.activations_bytes / traced.saved_activations_bytes - 1,
+            == (est.parameters_bytes, est.gradients_bytes, est.optimizer_states_bytes),
+            activations_error=est.saved_activations_bytes / traced.saved_activations_bytes - 1,
             peak_error=est.peak_bytes / traced.peak_bytes - 1,
             estimated_peak_bytes=est.peak_bytes, traced_peak_bytes=traced.peak_bytes,
         ))
@@ -196,8 +196,9 @@ def load_memory(scale: str | None = None) -> LoadResult:
 
     import torch
 
-    from memlab.measure.step import measure_peak
-    from memlab.model.transformer import build_model, get_config
+    from memlab.measure.peak import measure_peak
+    from memlab.model.config import get_config
+    from memlab.model.transformer import build_model
 
     scale = get_scale(scale)
     device = pick_device()
@@ -279,8 +280,9 @@ class GenerationMemory:
 )
 def generation_memory(scale: str | None = None) -> GenerationMemory:
     """Prefill and decode peaks of real generations here, and their estimates (chapter: 4)."""
-    from memlab.memory.inference import estimate_inference, measure_inference
-    from memlab.model.transformer import get_config
+    from memlab.memory.estimator import estimate_inference
+    from memlab.memory.inference import measure_inference
+    from memlab.model.config import get_config
 
     device = pick_device()
     rows = []

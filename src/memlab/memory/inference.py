@@ -26,15 +26,12 @@ import torch
 from memlab.device import pick_device
 from memlab.dtypes import dtype as to_dtype
 from memlab.errors import MemlabError, check_choice, check_positive_int
-from memlab.measure.step import default_dtype, measure_peak
-from memlab.model.transformer import KVCache, ModelConfig, Transformer, build_model, get_config
+from memlab.measure.peak import measure_peak
+from memlab.measure.step import default_dtype
+from memlab.memory.estimator import DTYPES
+from memlab.model.config import ModelConfig, get_config
+from memlab.model.transformer import KVCache, Transformer, build_model
 from memlab.units import to_unit
-
-DTYPES = ("bf16", "fp16", "fp32")  # the formats a model is run in here
-INFERENCE_PHASES = ("prefill", "decode")
-# Bytes per value of the weights and the cache for a precision name. Inference keeps no fp32
-# master copy: a '*-mixed' training recipe serves its weights in 16 bits.
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bf16-mixed": 2, "fp16-mixed": 2}
 
 
 # Generation ---------------------------------------------------------------------------------
@@ -95,7 +92,7 @@ class InferenceMemory:
     the phase's transients. The cache is preallocated for prompt_len + new_tokens positions.
     """
 
-    weights_bytes: int  # the parameters, in the inference dtype (a tied weight once)
+    parameters_bytes: int  # the parameters, in the inference dtype (a tied weight once)
     kv_cache_bytes: int
     peak_bytes: int  # the larger of the two phase peaks
     prefill_peak_bytes: int
@@ -123,7 +120,7 @@ class InferenceMemory:
         """Weights, KV cache and the phase peaks as a text table in MiB or GiB (chapter: 1)."""
         unit = unit or ("GiB" if self.peak_bytes >= 2**30 else "MiB")
         s = self.setup
-        rows = [("weights", self.weights_bytes), ("KV cache", self.kv_cache_bytes),
+        rows = [("weights", self.parameters_bytes), ("KV cache", self.kv_cache_bytes),
                 ("prefill peak", self.prefill_peak_bytes), ("decode peak", self.decode_peak_bytes)]
         lines = [f"{self.mode} inference on {self.device}: {s['model']} ({s['parameters']:,} "
                  f"parameters), batch {s['batch_size']}, prompt {s['prompt_len']} + "
@@ -175,7 +172,7 @@ def _run_inference(cfg: ModelConfig, B: int, T: int, N: int, dtype: str, *,
     prefill = base + pre.peak_allocated_bytes
     decode = base + pre.end_allocated_bytes + dec.peak_allocated_bytes
     return InferenceMemory(
-        weights_bytes=weights,
+        parameters_bytes=weights,
         kv_cache_bytes=cache.nbytes(),
         peak_bytes=max(prefill, decode),
         prefill_peak_bytes=prefill,
@@ -205,146 +202,3 @@ def trace_inference(config_or_name: ModelConfig | str, *, batch_size: int, promp
     cfg = _setup(config_or_name, batch_size, prompt_len, new_tokens, dtype)
     return _run_inference(cfg, batch_size, prompt_len, new_tokens, dtype,
                           device=torch.device("cpu"), traced=True, seed=0)
-
-
-# Estimated ----------------------------------------------------------------------------------
-def forward_stage_bytes(cfg: ModelConfig | str, *, batch_size: int, new_positions: int,
-                        positions: int, bytes_per_value: int = 2) -> dict[str, int]:
-    """Bytes live above weights, cache and prompt ids at each stage of one cached forward pass (chapter: 1).
-
-    The pass feeds ``new_positions`` tokens (T: the prompt at prefill, 1 at decode) that
-    attend over ``positions`` cached ones (S), in a model whose weights and cache hold
-    ``bytes_per_value`` bytes per value, with no autograd. It follows
-    :class:`memlab.model.transformer.Transformer` op by op, as the traced pass runs it: each temporary
-    is freed as soon as nothing refers to it, and the input of a block stays alive in the
-    caller until the block returns. Only the last position's logits are computed.
-    """
-    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
-    for what, value in (("batch_size", batch_size), ("new_positions", new_positions),
-                        ("positions", positions)):
-        check_positive_int(what, value)
-    if bytes_per_value not in (2, 4):
-        raise MemlabError(f"bytes_per_value must be 2 or 4, got {bytes_per_value!r}")
-    if positions < new_positions:
-        raise MemlabError(f"positions ({positions}) must be at least new_positions "
-                          f"({new_positions}): the new ones are cached too")
-    B, T, S, cb = batch_size, new_positions, positions, bytes_per_value
-    C, F, V = cfg.d_model, cfg.ffn_dim, cfg.vocab_size
-    nh, hs = cfg.n_head, cfg.head_dim
-    llama = cfg.style == "llama"
-    BT = B * T
-    X = BT * C * cb  # one (B, T, C) tensor: the residual stream, a norm's output, q, o
-    K = BT * cfg.kv_heads * hs * cb  # the new keys (or values), (B, nkv, T, hs)
-    KS = B * nh * S * hs * cb if cfg.kv_heads != nh else 0  # cached keys repeated to nh heads
-    Fb = BT * F * cb  # one (B, T, F) MLP intermediate
-    R = T * hs * 4 if llama else 0  # RoPE cos and sin, (T, hs/2) fp32 each, alive all pass
-    Rc = T * hs * cb if (llama and cb != 4) else 0  # cos and sin cast to the model dtype
-
-    def norm(rows: int) -> int:
-        """Bytes a norm of (rows, C) adds above its input, at its highest point."""
-        if not llama:  # LayerNorm: output, mean and 1/std (in the input dtype on CPU)
-            return rows * C * cb + 2 * rows * cb
-        up = rows * C * 4 if cb != 4 else 0  # x.float() copies a 16-bit input
-        down = rows * C * cb if cb != 4 else 0  # .to(dtype) copies back
-        # x.float() and x^2 (with its mean), or x * rsqrt, its cast and weight * it.
-        return max(up + rows * C * 4 + rows * 4, rows * C * 4 + down + rows * C * cb)
-
-    if cfg.attention == "sdpa":  # the output, then o_proj's output (or the heads-merging copy)
-        core = 2 * X
-    else:  # eager: the (B, nh, T, S) scores twice (scaled, masked, softmax), the causal mask
-        W = B * nh * T * S * cb
-        core = T * S + max(2 * W, W + 2 * X)
-    stages = {
-        # x0 (the block's input, kept by the caller), h (norm1's output), q, k, v, ...
-        "attention norm": X + norm(BT),
-        "attention": 2 * X + X + KS + KS + core,  # x0, h, q (rotated), k and v repeated (GQA)
-        "MLP norm": 2 * X + norm(BT),  # x0 and x1 = x0 + attention
-        "MLP": 3 * X + (3 if llama else 2) * Fb,  # x0, x1, h2; silu(gate), up, their product
-        "block output": 4 * X,  # x0, x1, the MLP's output, x1 + it
-        "final norm": X + norm(B),  # the last block's output, the last position normalized
-        "head": X + B * C * cb + B * V * cb,  # ... and the logits of the last position
-    }
-    if llama:
-        # q, k, v, and inside apply_rope on q (two halves' products at a time), then on k.
-        stages["rotary q"] = 2 * X + X + 2 * K + Rc + 2 * X
-        stages["rotary k"] = 2 * X + 2 * X + 2 * K + Rc + 2 * K
-        # While the tables are made: the embedding, inv_freq, positions, their outer product.
-        stages = {k: v + R for k, v in stages.items()}
-        stages["rotary tables"] = X + 2 * hs + 4 * T + R // 2 + R
-    else:
-        stages["embedding"] = X + T * C * cb + X  # token and position embeddings, their sum
-        stages["q, k, v"] = 2 * X + X + 2 * K
-    stages["next token"] = B * V * cb + 8 * B  # the logits and the argmax, after the pass
-    return stages
-
-
-def estimate_inference(cfg: ModelConfig | str, batch_size: int, seq_len: int,
-                       precision: str = "bf16", new_tokens: int = 1, *,
-                       kv_precision: str | None = None):
-    """Estimated bytes of generating new_tokens tokens after a prompt of seq_len, by phase (chapter: 1).
-
-    Weights and the KV cache are held in one dtype: 4 bytes for ``fp32``, 2 for ``bf16`` and
-    ``fp16``. A ``*-mixed`` precision (a training recipe) is served in its 16-bit type, with
-    no fp32 master copy. ``kv_precision`` stores the cache in another of those dtypes (the
-    weights' by default). The cache is preallocated for seq_len + new_tokens positions. The
-    prefill peak is weights + cache + prompt ids + the largest stage of a forward pass at
-    T = seq_len (:func:`forward_stage_bytes`; the MLP's intermediates for the presets);
-    the decode peak is the same at T = 1 over the full cache, plus the tokens generated so
-    far (counted as temporaries). Returns a :class:`memlab.memory.training.MemoryEstimate` with mode
-    'inference' and phases 'prefill' and 'decode'.
-    """
-    from memlab.memory.training import MemoryEstimate, kv_cache_bytes
-
-    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
-    if not isinstance(cfg, ModelConfig):
-        raise MemlabError(f"model must be a preset name or a ModelConfig, got {cfg!r}")
-    check_positive_int("batch_size", batch_size)
-    check_positive_int("seq_len", seq_len)
-    check_positive_int("new_tokens", new_tokens)
-    check_choice("precision", precision, DTYPE_BYTES)
-    kv_precision = precision if kv_precision is None else kv_precision
-    check_choice("kv_precision", kv_precision, DTYPE_BYTES)
-    if seq_len + new_tokens > cfg.max_seq_len:
-        raise MemlabError(f"seq_len {seq_len} + new_tokens {new_tokens} exceeds max_seq_len "
-                          f"{cfg.max_seq_len} of model {cfg.name!r}")
-    B, T, N, cb = batch_size, seq_len, new_tokens, DTYPE_BYTES[precision]
-    n = cfg.num_parameters()
-    weights = n * cb
-    cache = kv_cache_bytes(cfg, batch_size=B, tokens=T + N,
-                           bytes_per_value=DTYPE_BYTES[kv_precision])
-    ids = B * T * 8  # the prompt's token ids, int64
-    prefill = max(forward_stage_bytes(cfg, batch_size=B, new_positions=T, positions=T,
-                                      bytes_per_value=cb).values())
-    # Decode: the last step is the largest (the longest cache); before it, N - 1 tokens are
-    # kept. At the end all N are concatenated into a new (B, N) tensor.
-    decode = 2 * N * 8 * B
-    if N > 1:
-        step = forward_stage_bytes(cfg, batch_size=B, new_positions=1, positions=T + N - 1,
-                                   bytes_per_value=cb)
-        decode = max(decode, (N - 1) * 8 * B + max(step.values()))
-    base = weights + cache + ids
-    phases = {"prefill": base + prefill, "decode": base + decode}
-    peak_phase = max(INFERENCE_PHASES, key=lambda p: phases[p])  # prefill on a tie
-    breakdown = {
-        p: dict(parameters=weights, gradients=0, optimizer_states=0, activations=0,
-                kv_cache=cache, temporaries=phases[p] - base, other=ids)
-        for p in INFERENCE_PHASES
-    }
-    dtype = {4: "fp32"}.get(cb, "fp16" if precision.startswith("fp16") else "bf16")
-    return MemoryEstimate(
-        parameters=n,
-        weights_bytes=weights,
-        gradients_bytes=0,
-        optimizer_bytes=0,
-        activations_bytes=0,  # nothing is kept for a backward pass
-        temporaries_bytes=phases[peak_phase] - base,
-        kv_cache_bytes=cache,
-        other_bytes=ids,
-        peak_bytes=phases[peak_phase],
-        peak_phase=peak_phase,
-        phase_peak_bytes=phases,
-        setup=dict(model=cfg.name, parameters=n, batch_size=B, seq_len=T, precision=precision,
-                   dtype=dtype, attention=cfg.attention, mode="inference", new_tokens=N,
-                   kv_precision=kv_precision),
-        phase_breakdown=breakdown,
-    )

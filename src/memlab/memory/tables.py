@@ -10,23 +10,22 @@ from collections.abc import Iterable
 
 from memlab.measure.step import StepMemory, trace_step
 from memlab.memory.compare import all_estimates
-from memlab.memory.training import MemoryEstimate, estimate
-from memlab.model.transformer import get_config
+from memlab.memory.estimator import MemoryEstimate, estimate, estimate_inference
+from memlab.model.config import get_config
+from memlab.model.step import STEP_WORDS
 from memlab.units import fmt_bytes
 
 Pairs = dict[tuple, tuple[StepMemory, MemoryEstimate]]
 
 
-def category_table(est: MemoryEstimate, step: StepMemory, label: str):
-    """Bytes by category, estimated and measured (or traced), and their ratio (chapter: 1)."""
+def category_table(est: MemoryEstimate, step: StepMemory, label: str,
+                   fields: tuple[str, ...] = ("parameters_bytes", "gradients_bytes",
+                                              "optimizer_states_bytes", "saved_activations_bytes",
+                                              "peak_bytes")):
+    """The same byte fields of an estimate and a measured (or traced) step, and their ratio (chapter: 1)."""
     import pandas as pd
 
-    steady = step.phase_breakdown["optimizer"]
-    rows = [("parameters", est.weights_bytes, steady["parameters"]),
-            ("gradients", est.gradients_bytes, steady["gradients"]),
-            ("optimizer states", est.optimizer_bytes, steady["optimizer_states"]),
-            ("saved activations", est.activations_bytes, step.saved_activations_bytes),
-            ("peak", est.peak_bytes, step.peak_bytes)]
+    rows = [(STEP_WORDS[f], getattr(est, f), getattr(step, f)) for f in fields]
     return pd.DataFrame([(k, f"{e:,}", f"{m:,}", f"{e / m:.4f}") for k, e, m in rows],
                         columns=[label, "estimated (bytes)", f"{step.mode} here (bytes)",
                                  f"estimated / {step.mode}"])
@@ -80,9 +79,8 @@ def job_peaks(models: Iterable[str], *, seq_len: int = 2048, new_tokens: int = 6
     for name in models:
         cfg = get_config(name)
         T = min(seq_len, cfg.max_seq_len)
-        rows[f"{name}: inference, {T}-token cache"] = estimate(
-            cfg, batch_size=1, seq_len=T - new_tokens, new_tokens=new_tokens, precision="bf16",
-            mode="inference").peak_bytes
+        rows[f"{name}: inference, {T}-token cache"] = estimate_inference(
+            cfg, 1, T - new_tokens, "bf16", new_tokens).peak_bytes
         for B, ckpt in ((1, False), (8, False), (8, True)):
             rows[f"{name}: training, {B} x {T}{', checkpointing' if ckpt else ''}"] = estimate(
                 cfg, batch_size=B, seq_len=T, precision="bf16-mixed", optimizer="adamw",

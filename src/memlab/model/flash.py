@@ -17,8 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from memlab.errors import MemlabError, check_positive_int
-
-DEFAULT_BLOCK = 64  # rows of Q and of K/V per tile
+from memlab.model.config import DEFAULT_BLOCK
 
 
 class TrafficCounter:

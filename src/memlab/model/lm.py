@@ -18,9 +18,10 @@ import torch.nn.functional as F
 
 from memlab.device import device_name, get_scale, pick_device
 from memlab.errors import MemlabError, check_positive_int
+from memlab.model.config import ModelConfig
 from memlab.model.tasks import MarkovTask
 from memlab.model.train import TrainConfig, train_loop
-from memlab.model.transformer import ModelConfig, Transformer, build_model, lm_loss
+from memlab.model.transformer import Transformer, build_model, lm_loss
 from memlab.results import kept_on_disk
 
 EVAL_SEED = 10**6  # held-out sequences are sampled with seeds from here on

@@ -16,13 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from memlab.errors import MemlabError, check_choice, check_positive_int, require
+from memlab.model.config import OPTIMIZER_IMPLS, OPTIMIZERS
 
-# How a step stores and computes: master weights in fp32 with fp16/bf16 autocast, or pure bf16.
-PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
-# Optimizers by the book's names; 'adamw-8bit' is bitsandbytes' AdamW8bit.
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adamw-8bit")
-# How torch's optimizers loop over parameters: one kernel per tensor group, one per tensor, or fused.
-OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 _IMPL_KWARGS = {None: {}, "foreach": {"foreach": True}, "for-loop": {"foreach": False},
                 "fused": {"fused": True}}
 

@@ -43,7 +43,7 @@ from memlab.compute.scaling import (
 )
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.model.checkpoint import parse_checkpointing
-from memlab.model.transformer import ModelConfig, get_config
+from memlab.model.config import ModelConfig, get_config
 from memlab.plot.style import style
 from memlab.units import UNITS, to_unit
 

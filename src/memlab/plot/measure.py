@@ -9,12 +9,19 @@ from memlab.plot.style import CATEGORY_COLORS, CATEGORY_LABELS, as_dict, style
 from memlab.units import UNITS
 
 
+def _at_peak(d: dict) -> dict:
+    """A result's categories at its peak as ``<category>_bytes``; a row of them passes through."""
+    if "phase_breakdown" not in d:
+        return d
+    return {f"{c}_bytes": v for c, v in d["phase_breakdown"][d["peak_phase"]].items()}
+
+
 def step_breakdown(results: dict, unit: str = "GiB", title: str | None = None):
     """Stacked bars of memory by category, one bar per labeled result, total at its end (chapter: 0)."""
     style()
     scale = UNITS[check_choice("unit", unit, UNITS)]
     labels = list(results)
-    rows = [as_dict(results[k]) for k in labels]
+    rows = [_at_peak(as_dict(results[k])) for k in labels]
     fig, ax = plt.subplots(figsize=(8.0, 1.2 + 0.55 * len(labels)))
     left = [0.0] * len(labels)
     for cat, color in CATEGORY_COLORS.items():

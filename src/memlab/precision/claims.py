@@ -13,7 +13,7 @@ import math
 import torch
 
 from memlab import claims
-from memlab.model.transformer import get_config
+from memlab.model.config import get_config
 from memlab.precision.formats import (
     bitsandbytes_functional,
     probe_formats,
@@ -275,7 +275,7 @@ def c13(ev: dict) -> claims.Verdict:
 # C42 -------------------------------------------------------------------------------------------
 def c42_evidence() -> dict:
     """Peaks of fp32, bf16-mixed and pure bf16 AdamW for Llama-2-7B at seq 2048, batch 1 to 16 (chapter: 2)."""
-    from memlab.memory.training import estimate
+    from memlab.memory.estimator import estimate
 
     cfg = get_config("llama2-7b")
     n, S = cfg.num_parameters(), 2048
@@ -286,7 +286,7 @@ def c42_evidence() -> dict:
                for p in ("fp32", "bf16-mixed", "bf16")}
         rows[b] = {p: e.peak_bytes for p, e in est.items()}
         if b == 1:
-            state = {p: (e.weights_bytes + e.gradients_bytes + e.optimizer_bytes) / n
+            state = {p: (e.parameters_bytes + e.gradients_bytes + e.optimizer_states_bytes) / n
                      for p, e in est.items()}
     from memlab.precision.mixed import autocast_crossover
 

@@ -56,9 +56,10 @@ import torch.nn as nn
 from memlab.device import device_name, pick_device
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.measure.timing import not_measurable, time_ms
+from memlab.model.config import ModelConfig, get_config
 from memlab.model.tasks import MarkovTask
 from memlab.model.train import AUTOCAST_DTYPES, TrainConfig, make_optimizer, train_loop
-from memlab.model.transformer import ModelConfig, build_model, get_config, lm_loss
+from memlab.model.transformer import build_model, lm_loss
 from memlab.precision.formats import spec
 from memlab.results import kept_on_disk
 from memlab.units import fmt_bytes
@@ -511,7 +512,7 @@ def weight_cast_cache_bytes(model: ModelConfig | str, precision: str, *, traced:
     Counts the outputs of every cast whose input is a parameter; 0 without autocast.
     ``traced=True`` runs the forward on fake tensors, so a 7B model costs no memory.
     """
-    from memlab.model.train import PRECISIONS
+    from memlab.model.config import PRECISIONS
 
     check_choice("precision", precision, PRECISIONS)
     cfg = _config(model)
@@ -563,7 +564,7 @@ def _traced_step(cfg: ModelConfig, batch_size: int, seq_len: int, precision: str
 
 def _estimated_step(cfg: ModelConfig, batch_size: int, seq_len: int, precision: str,
                     device: str):
-    from memlab.memory.training import estimate
+    from memlab.memory.estimator import estimate
 
     return estimate(cfg, batch_size=batch_size, seq_len=seq_len, precision=precision,
                     device=device)
@@ -593,7 +594,7 @@ def memory_by_mode(
     ``how='measured'`` runs real steps on the device with :func:`memlab.measure.step.measure_step`;
     ``'traced'`` counts them under FakeTensorMode with :func:`memlab.measure.step.trace_step`
     (cached per configuration); ``'estimated'`` takes chapter 1's closed form,
-    :func:`memlab.memory.training.estimate`, with ``device`` naming its conventions (``'cuda'``,
+    :func:`memlab.memory.estimator.estimate`, with ``device`` naming its conventions (``'cuda'``,
     the default, or ``'cpu'``). The two fp16 modes share one ``fp16-mixed`` step; the scaled one
     adds the GradScaler's bytes.
     """
@@ -605,7 +606,7 @@ def memory_by_mode(
     check_positive_int("batch_size", batch_size)
     check_positive_int("seq_len", seq_len)
     if how == "estimated":
-        from memlab.memory.training import DEVICES
+        from memlab.memory.estimator import DEVICES
 
         dev = torch.device("cpu")
         convention = check_choice("estimator device", device or "cuda", DEVICES)
@@ -713,10 +714,10 @@ def autocast_crossover(
 ) -> AutocastCrossover:
     """The smallest batch at which autocast's estimated saved activations (``saved_batch``) and peak (``peak_batch``) fall below fp32's (chapter: 2).
 
-    Estimated with :func:`memlab.memory.training.estimate` (AdamW, foreach) for batches 1 to
+    Estimated with :func:`memlab.memory.estimator.estimate` (AdamW, foreach) for batches 1 to
     ``max_batch``; ``device`` names the estimator's conventions.
     """
-    from memlab.memory.training import DEVICES
+    from memlab.memory.estimator import DEVICES
 
     check_choice("autocast precision", precision, ("bf16-mixed", "fp16-mixed"))
     check_choice("estimator device", device, DEVICES)
@@ -727,8 +728,8 @@ def autocast_crossover(
     def row(b: int) -> dict:
         f = _estimated_step(cfg, b, seq_len, "fp32", device)
         m = _estimated_step(cfg, b, seq_len, precision, device)
-        return dict(batch=b, tokens=b * seq_len, saved_fp32=f.activations_bytes,
-                    saved_mixed=m.activations_bytes, peak_fp32=f.peak_bytes,
+        return dict(batch=b, tokens=b * seq_len, saved_fp32=f.saved_activations_bytes,
+                    saved_mixed=m.saved_activations_bytes, peak_fp32=f.peak_bytes,
                     peak_mixed=m.peak_bytes, peak_phase_fp32=f.peak_phase,
                     peak_phase_mixed=m.peak_phase)
 

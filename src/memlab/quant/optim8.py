@@ -55,10 +55,11 @@ def _state_bytes(opt: torch.optim.Optimizer) -> int:
 
 def optimizer_step_memory(model: str = "tiny", *, repeats: int = 5, device=None) -> OptimStepMemory:
     """State bytes, step peak and step time of each optimizer on ``model``'s parameters (chapter: 3)."""
-    from memlab.measure.step import measure_peak
+    from memlab.measure.peak import measure_peak
     from memlab.measure.timing import time_ms
+    from memlab.model.config import get_config
     from memlab.model.train import make_optimizer
-    from memlab.model.transformer import build_model, get_config
+    from memlab.model.transformer import build_model
 
     dev = pick_device(device)
     cfg = get_config(model)

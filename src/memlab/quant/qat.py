@@ -53,6 +53,7 @@ import torch.nn.functional as F
 
 from memlab.device import device_name, get_scale, pick_device
 from memlab.errors import MemlabError, check_choice, check_positive_int
+from memlab.model.config import OPTIMIZERS
 from memlab.model.lm import (
     LMConfig,
     Quality,
@@ -64,7 +65,6 @@ from memlab.model.lm import (
     reference_model,
     train_lm,
 )
-from memlab.model.train import OPTIMIZERS
 from memlab.model.transformer import block_linears, replace_module
 from memlab.quant.functional import absmax_quantize, dequantize
 from memlab.results import kept_on_disk

@@ -1,42 +1,22 @@
-"""An analytic estimator of training and inference memory, tensor by tensor.
+"""The saved-tensor inventory: every tensor the book's model keeps for the backward pass, and the
+activation side of a step's peak (chapters 1, 4, 5, 7).
 
-Every switch that changes the answer is explicit: precision (``fp32``, ``fp16-mixed``,
-``bf16-mixed``, pure ``bf16``), optimizer (``adamw``, ``adam``, ``sgd``, ``sgd-momentum``,
-``adamw-8bit``) and its implementation (``foreach``, ``fused``, ``for-loop``), attention
-(``sdpa`` keeps no T x T matrix; ``eager`` keeps the softmax), full activation
-checkpointing, gradient accumulation, and inference with a KV cache.
-
-Activations are not a coefficient fitted to measurements: :func:`saved_tensors` lists each
-tensor the book's model (:mod:`memlab.model.transformer`) keeps for the backward pass, with its shape
-and dtype, so every term can be read, checked and taught. The peak is modelled phase by
-phase, not as a sum of everything:
-
-* forward:   P + O + A + the logits alive while the loss is computed
-* backward:  P + O + A + the loss gradients at its start, or P + O + G at its end
-* optimizer: P + O + G + the optimizer's scratch
-
-where P, G, O and A are parameters, gradients, optimizer states and saved activations.
-Tests hold this module to the traced step of :mod:`memlab.measure.step` (chapter 1).
+:func:`saved_tensors` lists each tensor :class:`memlab.model.transformer.Transformer` saves, with
+its symbolic shape, dtype and bytes, layer kind by layer kind (Llama-style and GPT-2-style blocks,
+the attention cores, the norms, the weight casts of autocast), so every term can be read, checked
+and taught. :func:`activation_peaks` walks the forward and the backward pass over them.
+Arithmetic on a :class:`memlab.model.config.ModelConfig`: no torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 
-from memlab.errors import MemlabError, check_choice, check_positive_int
-from memlab.measure.step import PHASES, StepSpec, checkpointing_words
 from memlab.model.checkpoint import Checkpointing, parse_checkpointing
-from memlab.model.flash import DEFAULT_BLOCK
-from memlab.model.transformer import ATTENTION_IMPLS, ModelConfig, get_config
-from memlab.units import to_unit
-
-DEVICES = ("cuda", "cpu")
-MODES = ("train", "inference")
+from memlab.model.config import DEFAULT_BLOCK, ModelConfig, param_groups
 
 PARAM_BYTES = {"fp32": 4, "fp16-mixed": 4, "bf16-mixed": 4, "bf16": 2}  # master weights
 COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2}  # matmul outputs
-BNB_BLOCK = 256  # bitsandbytes' 8-bit optimizer block size (one fp32 absmax per block)
-BNB_MIN_NUMEL = 4096  # smaller tensors keep 32-bit state in bitsandbytes
 
 
 @dataclass(frozen=True)
@@ -54,160 +34,11 @@ class SavedTensor:
     copies: int = 0  # scope 'blocks': how many blocks (or checkpointed units) keep it
 
 
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Estimated bytes of a training step (or an inference pass), by category and phase."""
-
-    parameters: int  # number of parameters
-    weights_bytes: int
-    gradients_bytes: int
-    optimizer_bytes: int
-    activations_bytes: int  # saved for backward at the end of the forward pass
-    temporaries_bytes: int  # at the peak: logits/loss transients, optimizer scratch
-    kv_cache_bytes: int
-    other_bytes: int  # the batch of token ids
-    peak_bytes: int
-    peak_phase: str
-    phase_peak_bytes: dict[str, int]
-    setup: dict
-    # Bytes by category at each phase's highest point; the categories are those of
-    # memlab.measure.step.StepMemory (parameters, gradients, optimizer_states, activations,
-    # temporaries, other) plus kv_cache, so plots and comparisons treat both alike.
-    phase_breakdown: dict[str, dict[str, int]] = field(default_factory=dict)
-    saved: tuple[SavedTensor, ...] = field(default=(), repr=False)
-
-    def as_dict(self) -> dict:
-        """The estimate as a plain dict, without the saved-tensor list (chapter: 1)."""
-        d = asdict(self)
-        d.pop("saved")
-        return d
-
-    def breakdown(self) -> dict[str, int]:
-        """Bytes by category at the peak (what a stacked bar shows) (chapter: 1)."""
-        return dict(self.phase_breakdown[self.peak_phase])
-
-    def table(self, unit: str | None = None) -> str:
-        """The estimate as a text table with each category's share of the peak (chapter: 1)."""
-        unit = unit or ("GiB" if self.peak_bytes >= 2**30 else "MiB")
-        s = self.setup
-        head = (
-            f"estimated {s['mode']} memory: {s['model']} ({self.parameters:,} parameters), "
-            f"batch {s['batch_size']} x seq {s['seq_len']}, {s['precision']}"
-        )
-        if s["mode"] == "train":
-            head += (f", {s['optimizer']} ({s['optimizer_impl']}), {s['attention']} attention"
-                     + checkpointing_words(s["checkpointing"])
-                     + (f", {s['grad_accum_steps']} accumulation steps"
-                        if s["grad_accum_steps"] > 1 else ""))
-            if s.get("lora"):  # a fine-tuning set-up (chapter 5)
-                head += (f"; LoRA r={s['lora']['r']} on {s['lora']['target_modules']}"
-                         + (f", base in {s['quantize_base']}" if s.get("quantize_base") else ""))
-            elif s.get("train_last"):
-                head += f"; training the last {s['train_last']} blocks only"
-        rows = [("weights", self.weights_bytes), ("gradients", self.gradients_bytes),
-                ("optimizer states", self.optimizer_bytes),
-                ("activations", self.activations_bytes),
-                ("KV cache", self.kv_cache_bytes), ("temporaries", self.temporaries_bytes),
-                ("other", self.other_bytes)]
-        at_peak = self.breakdown()
-        keys = ["parameters", "gradients", "optimizer_states", "activations", "kv_cache",
-                "temporaries", "other"]
-        lines = [head, f"{'category':<18}{unit:>12}{'at peak':>12}"]
-        for (label, total), key in zip(rows, keys, strict=True):
-            if total == 0 and at_peak.get(key, 0) == 0:
-                continue
-            lines.append(f"{label:<18}{to_unit(total, unit):>12.3f}"
-                         f"{to_unit(at_peak.get(key, 0), unit):>12.3f}")
-        lines.append(f"{'peak':<18}{'':>12}{to_unit(self.peak_bytes, unit):>12.3f}"
-                     f"   (in the {self.peak_phase} phase)")
-        return "\n".join(lines)
-
-
-# Parameters, gradients, optimizer states ---------------------------------------------------
-def param_groups(cfg: ModelConfig) -> tuple[list[int], list[int], list[int]]:
-    """Element counts of the parameter tensors: (embeddings, one block, head), tied ones once (chapters: 1, 5)."""
-    C, F, V, kv = cfg.d_model, cfg.ffn_dim, cfg.vocab_size, cfg.kv_heads * cfg.head_dim
-    if cfg.style == "gpt2":
-        embed = [V * C, cfg.max_seq_len * C]
-        block = [C, C, C * C, C, C * kv, kv, C * kv, kv, C * C, C, C, C, C * F, F, F * C, C]
-        head = [C, C]
-    else:
-        embed = [V * C]
-        block = [C, C * C, C * kv, C * kv, C * C, C, C * F, C * F, F * C]
-        head = [C]
-    if not cfg.tied:
-        head.append(V * C)
-    return embed, block, head
-
-
-def _param_tensors(cfg: ModelConfig) -> list[tuple[int, int]]:
-    """(element count, how many such tensors) for the model's parameters, tied ones once."""
-    embed, block, head = param_groups(cfg)
-    return [(t, 1) for t in embed] + [(t, cfg.n_layer) for t in block] + [(t, 1) for t in head]
-
-
 def _linear_weight_numel(cfg: ModelConfig) -> int:
     """Elements of one block's Linear weights (what autocast casts to 16 bits)."""
     C, F, kv = cfg.d_model, cfg.ffn_dim, cfg.kv_heads * cfg.head_dim
     n_mlp = 2 if cfg.style == "gpt2" else 3
     return 2 * C * C + 2 * C * kv + n_mlp * C * F
-
-
-def optimizer_state_bytes(cfg: ModelConfig, precision: str, optimizer: str,
-                          optimizer_impl: str = "foreach", device: str = "cuda") -> int:
-    """Bytes of the optimizer's persistent state for a model (chapter: 1)."""
-    return state_bytes(_param_tensors(cfg), PARAM_BYTES[precision], optimizer, optimizer_impl,
-                       device)
-
-
-def state_bytes(tensors: list[tuple[int, int]], param_bytes: int, optimizer: str,
-                optimizer_impl: str = "foreach", device: str = "cuda") -> int:
-    """Optimizer-state bytes for trainable tensors given as (elements, how many), each ``param_bytes`` wide (chapters: 1, 5)."""
-    pb = param_bytes
-    n = sum(t * k for t, k in tensors)
-    if optimizer in ("adamw", "adam"):
-        # Two moments in the parameters' dtype, plus one fp32 step counter per tensor, which
-        # lives on the host on CUDA unless the fused kernel is used.
-        n_tensors = sum(k for _, k in tensors)
-        counters = 4 * n_tensors if (device == "cpu" or optimizer_impl == "fused") else 0
-        return 2 * pb * n + counters
-    if optimizer == "sgd-momentum":
-        return pb * n
-    if optimizer == "sgd":
-        return 0
-    # adamw-8bit (bitsandbytes): two uint8 states and one fp32 absmax per block of 256 for each
-    # large tensor; tensors under 4096 elements keep two fp32 states.
-    total = 0
-    for t, k in tensors:
-        if t < BNB_MIN_NUMEL:
-            total += k * 8 * t
-        else:
-            total += k * (2 * t + 2 * 4 * -(-t // BNB_BLOCK))
-    if any(t >= BNB_MIN_NUMEL for t, _ in tensors):
-        total += 2 * 256 * 4  # the two fp32 quantization maps, shared by every tensor
-    return total
-
-
-def optimizer_step_scratch_bytes(cfg: ModelConfig, precision: str, optimizer: str,
-                                 optimizer_impl: str) -> int:
-    """Bytes of temporaries while the optimizer steps (chapter: 1).
-
-    foreach Adam(W) computes its update for every parameter at once, so it holds one
-    parameter-sized scratch list; the for-loop version holds two of the largest tensor;
-    fused kernels, SGD and bitsandbytes' 8-bit AdamW update in place.
-    """
-    return step_scratch_bytes(_param_tensors(cfg), PARAM_BYTES[precision], optimizer,
-                              optimizer_impl)
-
-
-def step_scratch_bytes(tensors: list[tuple[int, int]], param_bytes: int, optimizer: str,
-                       optimizer_impl: str) -> int:
-    """:func:`optimizer_step_scratch_bytes` for trainable tensors given as (elements, how many) (chapters: 1, 5)."""
-    if optimizer not in ("adamw", "adam") or optimizer_impl == "fused" or not tensors:
-        return 0
-    if optimizer_impl == "foreach":
-        return param_bytes * sum(t * k for t, k in tensors)
-    return 2 * param_bytes * max(t for t, _ in tensors)
 
 
 # Activations -------------------------------------------------------------------------------
@@ -437,142 +268,6 @@ def _copies(t: SavedTensor, n_layer: int) -> int:
     return n_layer if t.scope == "layer" else t.copies if t.scope == "blocks" else 1
 
 
-# The estimate ------------------------------------------------------------------------------
-def _check_inference(model, batch_size, seq_len, precision, attention) -> ModelConfig:
-    """The model's config after checking an inference pass's switches, one line per bad value."""
-    cfg = model if isinstance(model, ModelConfig) else get_config(model)
-    check_positive_int("batch_size", batch_size)
-    check_positive_int("seq_len", seq_len)
-    from memlab.memory.inference import DTYPE_BYTES
-
-    check_choice("precision", precision, tuple(DTYPE_BYTES))
-    if attention is not None:
-        check_choice("attention", attention, ATTENTION_IMPLS)
-        if attention != cfg.attention:
-            from dataclasses import replace
-
-            cfg = replace(cfg, attention=attention)
-    return cfg
-
-
-def estimate(
-    model: StepSpec | ModelConfig | str,
-    *,
-    batch_size: int | None = None,
-    seq_len: int | None = None,
-    precision: str = "fp32",
-    optimizer: str = "adamw",
-    optimizer_impl: str = "foreach",
-    attention: str | None = None,
-    checkpointing: bool | str = False,
-    grad_accum_steps: int = 1,
-    mode: str = "train",
-    new_tokens: int = 1,
-    device: str = "cuda",
-) -> MemoryEstimate:
-    """Estimate the bytes of a training step or an inference pass, by category and phase (chapter: 1).
-
-    ``model`` may be a :class:`memlab.measure.step.StepSpec`, whose switches are then used. ``device``
-    only matters where CUDA and CPU differ: where Adam keeps its step counters, and the dtype of
-    an eager softmax under autocast.
-    """
-    check_choice("mode", mode, MODES)
-    check_choice("device", device, DEVICES)
-    if isinstance(model, StepSpec):
-        if batch_size is not None or seq_len is not None or mode != "train":
-            raise MemlabError("a StepSpec describes a whole training step: pass no batch_size, "
-                              "seq_len or mode with it")
-        if model.prepare is not None:
-            raise MemlabError("memlab.memory.estimate does not model a prepare hook: "
-                              "memlab.finetune.estimate_finetune takes a fine-tuning Setup; "
-                              "trace_step or measure_step take any hook")
-        spec = model
-    elif mode == "inference":
-        cfg = _check_inference(model, batch_size, seq_len, precision, attention)
-        if parse_checkpointing(checkpointing) or grad_accum_steps != 1:
-            raise MemlabError("checkpointing and grad_accum_steps are training switches; "
-                              "mode 'inference' accepts precision, batch_size, seq_len, new_tokens")
-        return _estimate_inference(cfg, batch_size, seq_len, precision, new_tokens)
-    else:  # every switch of a training step checked once, as trace_step and measure_step check it
-        spec = StepSpec(model, batch_size=batch_size, seq_len=seq_len, precision=precision,
-                        optimizer=optimizer, optimizer_impl=optimizer_impl,
-                        checkpointing=checkpointing, grad_accum_steps=grad_accum_steps,
-                        attention=attention)
-    cfg, batch_size, seq_len = spec.config, spec.batch_size, spec.seq_len
-    precision, optimizer, optimizer_impl = spec.precision, spec.optimizer, spec.optimizer_impl
-    checkpointing, grad_accum_steps = spec.checkpointing, spec.grad_accum_steps
-    B, T = batch_size, seq_len
-    BT = B * T
-    n = cfg.num_parameters()
-    P = PARAM_BYTES[precision] * n
-    G = P
-    S = optimizer_state_bytes(cfg, precision, optimizer, optimizer_impl, device)
-    saved = saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision,
-                          checkpointing=checkpointing, device=device)
-    A = activation_bytes(saved, cfg.n_layer)
-    tokens = 2 * BT * 8  # input ids and targets, int64
-    accumulating = grad_accum_steps > 1
-    fwd, bwd = activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumulating)
-    # A tied embedding gets two gradients (head and lookup); autograd holds the first until the
-    # second arrives and adds them: three (V, C) tensors at the very end of the backward pass.
-    # When gradients accumulate, the embedding's new gradient (V, C) is a temporary added into
-    # .grad, and the tied case holds all three on top of the gradients already there.
-    VC = cfg.vocab_size * cfg.d_model * PARAM_BYTES[precision]
-    if accumulating:
-        end = P + S + G + (3 * VC if cfg.tied else VC) + tokens
-    else:
-        end = P + S + G + (2 * VC if cfg.tied else 0) + tokens
-    I_step = optimizer_step_scratch_bytes(cfg, precision, optimizer, optimizer_impl)
-    return step_estimate(
-        parameters=n, P=P, G=G, S=S, A=A, tokens=tokens, fwd=fwd, bwd=bwd, end=end,
-        scratch=I_step, accumulating=accumulating, saved=saved,
-        setup=dict(model=cfg.name, parameters=n, batch_size=B, seq_len=T, precision=precision,
-                   optimizer=optimizer, optimizer_impl=optimizer_impl, attention=cfg.attention,
-                   checkpointing=checkpointing, grad_accum_steps=grad_accum_steps, mode=mode,
-                   new_tokens=0, device=device))
-
-
-def step_estimate(*, parameters: int, P: int, G: int, S: int, A: int, tokens: int, fwd: int,
-                  bwd: int, end: int, scratch: int, accumulating: bool, saved, setup: dict
-                  ) -> MemoryEstimate:
-    """A training step's estimate from its parts: the three phases, their peak and categories (chapters: 1, 5).
-
-    P, G, S, A: bytes of parameters, gradients, optimizer states and saved activations; ``fwd``
-    and ``bwd`` the activation side at the forward's and the backward's highest points; ``end``
-    the bytes when the backward finishes; ``scratch`` the optimizer step's temporaries.
-    """
-    # With accumulation, the gradients of earlier micro-batches stay alive through the
-    # forward and backward passes of the next ones.
-    G_live = G if accumulating else 0
-    base = P + S + G_live + tokens
-    phases = {
-        "forward": base + fwd,
-        "backward": max(base + bwd, end),
-        "optimizer": P + S + G + scratch + tokens,
-    }
-    peak_phase = max(PHASES, key=lambda p: phases[p])
-
-    def cats(grads, acts, total):
-        d = dict(parameters=P, gradients=grads, optimizer_states=S, activations=acts,
-                 kv_cache=0, other=tokens)
-        d["temporaries"] = total - sum(d.values())
-        return d
-
-    start_wins = base + bwd >= end  # the backward's high point is before the gradients grow
-    breakdown = {
-        "forward": cats(G_live, A, phases["forward"]),
-        "backward": cats(G_live, A, phases["backward"]) if start_wins
-        else cats(G, 0, phases["backward"]),
-        "optimizer": cats(G, 0, phases["optimizer"]),
-    }
-    return MemoryEstimate(
-        parameters=parameters, weights_bytes=P, gradients_bytes=G, optimizer_bytes=S,
-        activations_bytes=A, temporaries_bytes=breakdown[peak_phase]["temporaries"],
-        kv_cache_bytes=0, other_bytes=tokens, peak_bytes=phases[peak_phase],
-        peak_phase=peak_phase, phase_peak_bytes=phases, setup=setup,
-        phase_breakdown=breakdown, saved=tuple(saved))
-
-
 def _block_param_grad_bytes(cfg: ModelConfig, precision: str) -> tuple[int, int]:
     """Gradient bytes of one block, and of the head (final norm + untied lm_head)."""
     _, block, head = param_groups(cfg)
@@ -769,56 +464,6 @@ def flash_backward_workspace(cfg: ModelConfig, B: int, T: int, precision: str,
     loop = base + dO + blocks + FLASH_TILES["loop"] * tile
     end = base + dO + blocks + FLASH_TILES["end"] * tile + cb * (q_el + 2 * kv_el)  # dQ, dK, dV cast back
     return max(loop, end)
-
-
-def kv_cache_bytes(cfg: ModelConfig, *, batch_size: int, tokens: int, bytes_per_value: int = 2) -> int:
-    """Bytes of a KV cache: 2 (K and V) x layers x KV heads x head size x tokens x batch (chapter: 1)."""
-    return 2 * cfg.n_layer * cfg.kv_heads * cfg.head_dim * tokens * batch_size * bytes_per_value
-
-
-def _estimate_inference(cfg, B, T, precision, new_tokens):
-    from memlab.memory.inference import estimate_inference
-
-    return estimate_inference(cfg, B, T, precision, new_tokens)
-
-
-# Sizing helpers --------------------------------------------------------------------------------
-def batch_for_peak(model: ModelConfig | str, target_bytes: float, *, seq_len: int,
-                   max_batch: int = 1 << 16, **kwargs) -> int | None:
-    """Smallest batch size whose estimated peak reaches ``target_bytes``, or None (chapter: 1)."""
-    cfg = model if isinstance(model, ModelConfig) else get_config(model)
-
-    def peak(b):
-        return estimate(cfg, batch_size=b, seq_len=seq_len, **kwargs).peak_bytes
-
-    if peak(max_batch) < target_bytes:
-        return None
-    lo, hi = 1, max_batch
-    if peak(lo) >= target_bytes:
-        return 1
-    while hi - lo > 1:  # the peak grows with the batch: bisect
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if peak(mid) < target_bytes else (lo, mid)
-    return hi
-
-
-def largest_batch_that_fits(model: ModelConfig | str, capacity_bytes: float, *, seq_len: int,
-                            **kwargs) -> int:
-    """Largest batch whose estimated peak stays within ``capacity_bytes`` (0 if none) (chapter: 1)."""
-    first_over = batch_for_peak(model, capacity_bytes + 1, seq_len=seq_len, **kwargs)
-    return (1 << 16) if first_over is None else first_over - 1
-
-
-def bytes_per_param_curve(model: ModelConfig | str, *, seq_len: int, batches=(1, 2, 4, 8, 16, 32),
-                          **kwargs) -> tuple[list[int], list[float]]:
-    """(tokens per step, estimated peak bytes per parameter) over batch sizes (chapter: 1)."""
-    cfg = model if isinstance(model, ModelConfig) else get_config(model)
-    n = cfg.num_parameters()
-    tokens, bpp = [], []
-    for b in batches:
-        tokens.append(b * seq_len)
-        bpp.append(estimate(cfg, batch_size=b, seq_len=seq_len, **kwargs).peak_bytes / n)
-    return tokens, bpp
 
 
 def saved_by_stage(saved: list[SavedTensor]) -> dict[str, int]:

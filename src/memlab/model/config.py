@@ -1,0 +1,346 @@
+"""A model's configuration: its shape, the presets, Hugging Face config.json files, and the
+vocabularies of a training step (precisions, optimizers, attention implementations).
+
+Plain Python, no torch: the estimator (chapter 1) is arithmetic over these, and
+:mod:`memlab.model.transformer` builds the modules from them. Sizes are counts, not bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from memlab.errors import MemlabError, check_choice
+
+# How a step stores and computes: master weights in fp32 with fp16/bf16 autocast, or pure bf16.
+PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
+# Optimizers by the book's names; 'adamw-8bit' is bitsandbytes' AdamW8bit.
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adamw-8bit")
+# How torch's optimizers loop over parameters: one kernel per tensor group, one per tensor, or fused.
+OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
+DEFAULT_BLOCK = 64  # the book's FlashAttention (memlab.model.flash): rows of Q and of K/V per tile
+ATTENTION_IMPLS = ("sdpa", "eager", "flash")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a decoder-only transformer. Sizes are counts, not bytes."""
+
+    name: str = "custom"
+    style: str = "llama"  # "llama" or "gpt2"
+    vocab_size: int = 32000
+    n_layer: int = 2
+    n_head: int = 4
+    n_kv_head: int | None = None  # None: same as n_head (plain multi-head attention)
+    d_model: int = 64
+    d_ff: int | None = None  # None: 4*d_model (gpt2) or the Llama SwiGLU rule
+    max_seq_len: int = 128
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool | None = None  # None: tied for gpt2, untied for llama
+    # "sdpa" (PyTorch's fused kernels), "eager" (stores the softmax) or "flash" (the book's own
+    # tiled FlashAttention, memlab.model.flash: saves O(T), reads K and V once per query group)
+    attention: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        check_choice("model style", self.style, ("llama", "gpt2"))
+        check_choice("attention", self.attention, ATTENTION_IMPLS)
+        for f in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise MemlabError(f"model config {f} must be a positive integer, got {v!r}")
+        if self.d_ff is not None and (
+            isinstance(self.d_ff, bool) or not isinstance(self.d_ff, int) or self.d_ff <= 0
+        ):
+            raise MemlabError(f"model config d_ff must be a positive integer, got {self.d_ff!r}")
+        if self.d_model % self.n_head:
+            raise MemlabError(
+                f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})"
+            )
+        if self.n_kv_head is not None and (
+            isinstance(self.n_kv_head, bool) or not isinstance(self.n_kv_head, int)
+            or self.n_kv_head <= 0 or self.n_head % self.n_kv_head
+        ):
+            raise MemlabError(
+                f"n_kv_head ({self.n_kv_head}) must be a positive divisor of n_head ({self.n_head})"
+            )
+
+    # Derived sizes -----------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        """Number of key/value heads (n_head for plain multi-head attention)."""
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        """Size of one attention head, d_model / n_head."""
+        return self.d_model // self.n_head
+
+    @property
+    def ffn_dim(self) -> int:
+        """Width of the MLP's hidden layer."""
+        if self.d_ff is not None:
+            return self.d_ff
+        if self.style == "gpt2":
+            return 4 * self.d_model
+        # Llama rule: 2/3 of 4C, rounded up to a multiple of 256.
+        hidden = int(2 * 4 * self.d_model / 3)
+        return 256 * math.ceil(hidden / 256)
+
+    @property
+    def tied(self) -> bool:
+        """Whether the output head shares the token embedding's weight."""
+        return self.style == "gpt2" if self.tie_embeddings is None else self.tie_embeddings
+
+    def num_parameters(self) -> int:
+        """Exact parameter count of :class:`Transformer` built from this config, by formula."""
+        C, L, V, F_ = self.d_model, self.n_layer, self.vocab_size, self.ffn_dim
+        kv = self.kv_heads * self.head_dim
+        if self.style == "gpt2":
+            attn = (C * C + C) + 2 * (C * kv + kv) + (C * C + C)  # q, k, v, o with biases
+            mlp = C * F_ + F_ + F_ * C + C
+            norms = 2 * 2 * C  # two LayerNorms, weight + bias
+            block = attn + mlp + norms
+            total = V * C + self.max_seq_len * C + L * block + 2 * C  # wte + wpe + blocks + ln_f
+        else:
+            attn = C * C + 2 * C * kv + C * C  # q, k, v, o
+            mlp = 3 * C * F_  # gate, up, down
+            norms = 2 * C
+            block = attn + mlp + norms
+            total = V * C + L * block + C  # embed + blocks + final norm
+        if not self.tied:
+            total += V * C
+        return total
+
+    def to_dict(self) -> dict:
+        """The config's fields as a plain dict (chapter: all)."""
+        return asdict(self)
+
+
+# Presets -------------------------------------------------------------------------------
+# Shapes from the models' published config.json files; parameter counts are pinned in tests.
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(
+        name="tiny", style="llama", vocab_size=512, n_layer=2, n_head=4, n_kv_head=2,
+        d_model=64, d_ff=176, max_seq_len=128,
+    ),
+    "tiny-gpt2": ModelConfig(
+        name="tiny-gpt2", style="gpt2", vocab_size=512, n_layer=2, n_head=4, d_model=64,
+        max_seq_len=128,
+    ),
+    "gpt2": ModelConfig(
+        name="gpt2", style="gpt2", vocab_size=50257, n_layer=12, n_head=12, d_model=768,
+        max_seq_len=1024,
+    ),
+    "gpt2-xl": ModelConfig(
+        name="gpt2-xl", style="gpt2", vocab_size=50257, n_layer=48, n_head=25, d_model=1600,
+        max_seq_len=1024,
+    ),
+    # TinyLlama-1.1B's shape: the book's Llama-style "1B-class" model.
+    "llama-1b": ModelConfig(
+        name="llama-1b", vocab_size=32000, n_layer=22, n_head=32, n_kv_head=4, d_model=2048,
+        d_ff=5632, max_seq_len=2048,
+    ),
+    "llama2-7b": ModelConfig(
+        name="llama2-7b", vocab_size=32000, n_layer=32, n_head=32, d_model=4096, d_ff=11008,
+        max_seq_len=4096,
+    ),
+    "llama2-13b": ModelConfig(
+        name="llama2-13b", vocab_size=32000, n_layer=40, n_head=40, d_model=5120, d_ff=13824,
+        max_seq_len=4096,
+    ),
+    "llama2-70b": ModelConfig(
+        name="llama2-70b", vocab_size=32000, n_layer=80, n_head=64, n_kv_head=8, d_model=8192,
+        d_ff=28672, max_seq_len=4096,
+    ),
+    "llama3-8b": ModelConfig(
+        name="llama3-8b", vocab_size=128256, n_layer=32, n_head=32, n_kv_head=8, d_model=4096,
+        d_ff=14336, max_seq_len=8192, rope_theta=500000.0,
+    ),
+    # Llama 3.1 405B's shape (the book keeps llama3-8b's max_seq_len of 8192).
+    "llama3-405b": ModelConfig(
+        name="llama3-405b", vocab_size=128256, n_layer=126, n_head=128, n_kv_head=8,
+        d_model=16384, d_ff=53248, max_seq_len=8192, rope_theta=500000.0,
+    ),
+    "mistral-7b": ModelConfig(
+        name="mistral-7b", vocab_size=32000, n_layer=32, n_head=32, n_kv_head=8, d_model=4096,
+        d_ff=14336, max_seq_len=32768, rope_theta=1000000.0,
+    ),
+}
+
+
+def get_config(name_or_path: str | Path, **overrides) -> ModelConfig:
+    """Return a preset's config, or load a Hugging Face ``config.json`` from disk (chapter: 1)."""
+    key = str(name_or_path)
+    if key in PRESETS:
+        cfg = PRESETS[key]
+    elif key.endswith(".json") or Path(key).is_file():
+        cfg = config_from_hf(key)
+    else:
+        raise MemlabError(
+            f"unknown model {key!r}; accepted: {', '.join(PRESETS)} or a path to a config.json"
+        )
+    if overrides:
+        valid = {f.name for f in fields(ModelConfig)}
+        bad = sorted(set(overrides) - valid)
+        if bad:
+            raise MemlabError(f"unknown config field(s) {bad}; accepted: {', '.join(sorted(valid))}")
+        cfg = replace(cfg, **overrides)
+    return cfg
+
+
+# Hugging Face config.json -------------------------------------------------------------------
+# One table says how a config.json becomes a ModelConfig; the Python loader below and the
+# kernel-free estimator's script (memlab.interactive.estimator) both read it.
+HF_STYLES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama"}  # model_type -> style
+HF_KINDS = {  # what a field's value must be, as the one-line errors say it
+    "count": "a positive integer",
+    "count-or-null": "a positive integer or null",
+    "number": "a number",
+    "flag-or-null": "true, false or null",
+}
+HF_BIAS_FLAGS = ("attention_bias", "mlp_bias")  # biases the Llama-style model does not have
+
+
+@dataclass(frozen=True)
+class HFField:
+    """One :class:`ModelConfig` field read from a config.json: the keys tried in order, the value's kind, the default when absent."""
+
+    field: str  # the ModelConfig field
+    keys: tuple[str, ...]  # Hugging Face keys, tried in order
+    kind: str  # a key of HF_KINDS
+    required: bool = True
+    default: object = None  # when no key is present (required=False)
+
+
+HF_FIELDS: dict[str, tuple[HFField, ...]] = {
+    "gpt2": (
+        HFField("vocab_size", ("vocab_size",), "count"),
+        HFField("n_layer", ("n_layer", "num_hidden_layers"), "count"),
+        HFField("n_head", ("n_head", "num_attention_heads"), "count"),
+        HFField("d_model", ("n_embd", "hidden_size"), "count"),
+        HFField("d_ff", ("n_inner",), "count-or-null", required=False),
+        HFField("max_seq_len", ("n_positions", "max_position_embeddings"), "count"),
+        HFField("norm_eps", ("layer_norm_epsilon",), "number", required=False, default=1e-5),
+        HFField("tie_embeddings", ("tie_word_embeddings",), "flag-or-null", required=False,
+                default=True),
+    ),
+    "llama": (
+        HFField("vocab_size", ("vocab_size",), "count"),
+        HFField("n_layer", ("num_hidden_layers",), "count"),
+        HFField("n_head", ("num_attention_heads",), "count"),
+        HFField("n_kv_head", ("num_key_value_heads",), "count-or-null", required=False),
+        HFField("d_model", ("hidden_size",), "count"),
+        HFField("d_ff", ("intermediate_size",), "count"),
+        HFField("max_seq_len", ("max_position_embeddings",), "count", required=False,
+                default=2048),
+        HFField("norm_eps", ("rms_norm_eps",), "number", required=False, default=1e-5),
+        HFField("rope_theta", ("rope_theta",), "number", required=False, default=10000.0),
+        HFField("tie_embeddings", ("tie_word_embeddings",), "flag-or-null", required=False,
+                default=False),
+    ),
+}
+
+
+def _hf_value(source: str, key: str, value, kind: str):
+    """``value`` checked against ``kind``; JSON has one number type, so 768.0 reads as 768."""
+    if kind in ("count", "count-or-null"):
+        if value is None and kind == "count-or-null":
+            return None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    elif kind == "number":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:  # flag-or-null
+        ok = value is None or isinstance(value, bool)
+    if not ok:
+        raise MemlabError(f"{source}: {key} must be {HF_KINDS[kind]}, got {value!r}")
+    return value
+
+
+def config_from_hf_dict(raw, source: str = "the config", name: str | None = None) -> ModelConfig:
+    """A :class:`ModelConfig` from a parsed Hugging Face config.json (GPT-2, Llama, Mistral) (chapter: 1).
+
+    ``source`` names the config in the one-line errors; the model's name is the config's
+    ``_name_or_path``, else ``name``, else its model_type and size.
+    """
+    if not isinstance(raw, dict):
+        raise MemlabError(f"{source} must hold a JSON object")
+    mtype = raw.get("model_type")
+    if not isinstance(mtype, str) or mtype not in HF_STYLES:
+        raise MemlabError(f"{source} has model_type {mtype!r}; accepted: {', '.join(HF_STYLES)}")
+    style = HF_STYLES[mtype]
+    if style == "llama":  # shapes this model cannot express are refused rather than counted wrongly
+        for flag in HF_BIAS_FLAGS:
+            if raw.get(flag):
+                raise MemlabError(f"{source} sets {flag} to {raw[flag]!r}: biases in attention "
+                                  "or MLP, which the book's Llama-style model does not have; "
+                                  "accepted: false or absent")
+    values, used = {}, {}
+    for f in HF_FIELDS[style]:
+        key = next((k for k in f.keys if k in raw), None)
+        if key is None:
+            if f.required:
+                raise MemlabError(f"{source} lacks the key {f.keys[0]!r}; accepted keys: "
+                                  f"{', '.join(f.keys)}")
+            values[f.field] = f.default
+        else:
+            values[f.field] = _hf_value(source, key, raw[key], f.kind)
+        used[f.field] = key or f.keys[0]
+    C, nh, nkv = values["d_model"], values["n_head"], values.get("n_kv_head")
+    if C % nh:
+        raise MemlabError(f"{source}: {used['d_model']} ({C}) must be divisible by "
+                          f"{used['n_head']} ({nh})")
+    if nkv is not None and nh % nkv:
+        raise MemlabError(f"{source}: {used['n_kv_head']} ({nkv}) must divide {used['n_head']} "
+                          f"({nh})")
+    if style == "llama" and raw.get("head_dim") not in (None, C // nh):
+        raise MemlabError(f"{source} sets head_dim {raw['head_dim']!r}, not {used['d_model']} / "
+                          f"{used['n_head']} = {C // nh}, which the book's model needs; accepted: "
+                          f"{C // nh} or absent")
+    own = raw.get("_name_or_path")
+    if not (isinstance(own, str) and own):
+        own = name or f"{mtype} ({values['n_layer']} layers, width {C})"
+    return ModelConfig(name=own, style=style, **values)
+
+
+def config_from_hf(path: str | Path) -> ModelConfig:
+    """Read a Hugging Face ``config.json`` (GPT-2, Llama, Mistral) from disk; never fetches (chapter: 1).
+
+    The model is named by the config's ``_name_or_path``, else by the file's path.
+    """
+    path = Path(path)
+    source = f"config file {str(path)!r}"
+    if not path.is_file():
+        raise MemlabError(f"{source} does not exist")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MemlabError(f"{source} is not valid JSON "
+                          f"({exc.msg if hasattr(exc, 'msg') else exc})") from None
+    return config_from_hf_dict(raw, source, name=str(path))
+
+
+# Counting from the shape ---------------------------------------------------------------------
+def param_groups(cfg: ModelConfig) -> tuple[list[int], list[int], list[int]]:
+    """Element counts of the parameter tensors: (embeddings, one block, head), tied ones once (chapters: 1, 5)."""
+    C, F, V, kv = cfg.d_model, cfg.ffn_dim, cfg.vocab_size, cfg.kv_heads * cfg.head_dim
+    if cfg.style == "gpt2":
+        embed = [V * C, cfg.max_seq_len * C]
+        block = [C, C, C * C, C, C * kv, kv, C * kv, kv, C * C, C, C, C, C * F, F, F * C, C]
+        head = [C, C]
+    else:
+        embed = [V * C]
+        block = [C, C * C, C * kv, C * kv, C * C, C, C * F, C * F, F * C]
+        head = [C]
+    if not cfg.tied:
+        head.append(V * C)
+    return embed, block, head
+
+
+def kv_cache_bytes(cfg: ModelConfig, *, batch_size: int, tokens: int, bytes_per_value: int = 2) -> int:
+    """Bytes of a KV cache: 2 (K and V) x layers x KV heads x head size x tokens x batch (chapter: 1)."""
+    return 2 * cfg.n_layer * cfg.kv_heads * cfg.head_dim * tokens * batch_size * bytes_per_value
