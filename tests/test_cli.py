@@ -120,13 +120,27 @@ def test_estimate_malformed_config_file(capsys, cli_error, tmp_path):
                              "--seq-len", "8"], "is not valid JSON")
 
 
-def test_estimate_and_trace_json_keys(capsys):
-    keys = {"parameters", "parameters_bytes", "gradients_bytes", "optimizer_states_bytes",
-            "saved_activations_bytes", "peak_bytes"}
-    for cmd in ("estimate", "trace"):
-        assert main([cmd, "--model", "tiny", "--batch-size", "2", "--seq-len", "16", "--json"]) == 0
-        body = json.loads(capsys.readouterr().out)
-        assert keys <= set(body) and body["mode"] == cmd
+def test_estimate_and_trace_json_speak_one_vocabulary(capsys):
+    """The same names for the same bytes: an estimate (CPU conventions) and a trace, field by field."""
+    from memlab.model.step import CATEGORIES, PHASES, STEP_BYTES
+
+    argv = ["--model", "tiny", "--batch-size", "2", "--seq-len", "16", "--json"]
+    out = {}
+    for cmd, extra in (("estimate", ["--device", "cpu"]), ("trace", [])):
+        assert main([cmd, *argv, *extra]) == 0
+        out[cmd] = json.loads(capsys.readouterr().out)
+    est, tr = out["estimate"], out["trace"]
+    assert (est["mode"], tr["mode"]) == ("estimated", "traced")
+    assert est["conventions"] == tr["conventions"] == "cpu"
+    assert not {"weights_bytes", "optimizer_bytes", "activations_bytes"} & (set(est) | set(tr))
+    for key in (*STEP_BYTES, "parameters", "trainable_parameters", "peak_phase"):
+        if key == "saved_activations_bytes":  # the trace sees 4 bytes more (a scalar kept)
+            assert est[key] == pytest.approx(tr[key], rel=1e-3), key
+        else:
+            assert est[key] == tr[key], key
+    for phase in PHASES:
+        assert set(CATEGORIES) <= set(est["phase_breakdown"][phase])
+        assert set(CATEGORIES) == set(tr["phase_breakdown"][phase])
     assert main(["estimate", "--model", "tiny", "--batch-size", "2", "--seq-len", "16"]) == 0
     assert "peak" in capsys.readouterr().out
 
@@ -201,3 +215,13 @@ def test_a_closed_pipe_ends_quietly(argv):
     proc.stdout.close()  # the reader is gone before the first write
     _, err = proc.communicate(timeout=120)
     assert err.decode() == "" and proc.returncode == 0
+
+
+def test_a_plain_estimate_does_not_touch_fine_tuning():
+    """`memlab estimate` for a plain step runs the plain estimator; fine-tuning loads for a set-up only."""
+    code = ("import sys; from memlab.cli import main; "
+            "main(['estimate', '--model', 'tiny', '--batch-size', '1', '--seq-len', '8', '--json']); "
+            "print(sorted(m for m in sys.modules if m.startswith('memlab.finetune')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "[]"

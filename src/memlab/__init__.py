@@ -4,11 +4,16 @@ The library behind the memlab book. Chapters import it; experiments also run fro
 command line (``python -m memlab run <experiment> --scale full --out results/``).
 """
 
+from memlab._lazy import lazy_exports
 from memlab._version import __version__
-from memlab.device import env_report, get_scale, pick_device, seed_all
 from memlab.errors import MemlabError
-from memlab.model.config import ModelConfig, get_config
-from memlab.model.transformer import build_model
+
+# The rest on first use: the configuration and the estimator import without torch.
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "memlab.device": ("env_report", "get_scale", "pick_device", "seed_all"),
+    "memlab.model.config": ("ModelConfig", "get_config"),
+    "memlab.model.transformer": ("build_model",),
+})
 
 __all__ = [
     "MemlabError",

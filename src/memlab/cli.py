@@ -42,7 +42,6 @@ class _Parser(argparse.ArgumentParser):
 
 def _build_parser() -> argparse.ArgumentParser:
     from memlab.device import SCALES
-    from memlab.experiments import experiments
 
     p = _Parser(prog="memlab", description="Measure the memory of LLM training steps.")
     sub = p.add_subparsers(dest="command", metavar="{env,list,run,estimate,trace,plan,bits,"
@@ -54,7 +53,7 @@ def _build_parser() -> argparse.ArgumentParser:
                           "and the code's commit and source hash")
     sub.add_parser("list", help="list the experiments")
     run = sub.add_parser("run", help="run an experiment and store its record")
-    run.add_argument("experiment", nargs="?", help=f"one of: {', '.join(sorted(experiments()))}")
+    run.add_argument("experiment", nargs="?", help="an experiment's name (memlab list names them)")
     run.add_argument("--scale", default=None, help=f"one of: {', '.join(SCALES)} (default: by device)")
     run.add_argument("--out", default=None, help="folder to write the JSON record to (e.g. results/)")
     run.add_argument("--json", action="store_true", help="print the record as JSON")

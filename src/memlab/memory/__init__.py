@@ -10,55 +10,62 @@ pass). Neither imports torch; :mod:`~memlab.memory.inference` generates, measure
 The pieces live in this folder's modules; their public names are re-exported here, so that
 ``from memlab.memory import ...`` reaches them. ``experiments.py`` and ``claims.py`` register
 experiments and verdicts; this package does not import them.
+
+Names are imported on first use (:mod:`memlab._lazy`): the configuration and the estimator
+load without torch.
 """
 
-from memlab.memory.activations import (  # noqa: F401
-    COMPUTE_BYTES,
-    PARAM_BYTES,
-    SavedTensor,
-    activation_bytes,
-    saved_by_stage,
-    saved_tensors,
-)
-from memlab.memory.compare import (  # noqa: F401
-    ACCELERATE_ROW,
-    BYTES_PER_PARAM_SPLITS,
-    ELEUTHER_ALLGATHER_BUCKET,
-    ELEUTHER_GRAD_BYTES,
-    ELEUTHER_HIGH_PREC_BYTES,
-    ELEUTHER_LOW_PREC_BYTES,
-    ELEUTHER_OPTIMIZER_BYTES,
-    ELEUTHER_ZERO3_LIVE_PARAMS,
-    OtherEstimate,
-    accelerate_estimate,
-    all_estimates,
-    bytes_per_param_estimate,
-    comparison_table,
-    eleutherai_activation_bytes,
-    eleutherai_estimate,
-    eleutherai_parameter_count,
-    rule_of_thumb_loading,
-)
-from memlab.memory.estimator import (  # noqa: F401
-    BNB_BLOCK,
-    BNB_MIN_NUMEL,
-    DEVICES,
-    DTYPE_BYTES,
-    DTYPES,
-    INFERENCE_PHASES,
-    MemoryEstimate,
-    batch_for_peak,
-    bytes_per_param_curve,
-    estimate,
-    estimate_inference,
-    forward_stage_bytes,
-    largest_batch_that_fits,
-    optimizer_state_bytes,
-    optimizer_step_scratch_bytes,
-)
-from memlab.memory.inference import (  # noqa: F401
-    InferenceMemory,
-    generate,
-    measure_inference,
-    trace_inference,
-)
+from memlab._lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "memlab.memory.activations": (
+        "COMPUTE_BYTES",
+        "PARAM_BYTES",
+        "SavedTensor",
+        "activation_bytes",
+        "saved_by_stage",
+        "saved_tensors",
+    ),
+    "memlab.memory.compare": (
+        "ACCELERATE_ROW",
+        "BYTES_PER_PARAM_SPLITS",
+        "ELEUTHER_ALLGATHER_BUCKET",
+        "ELEUTHER_GRAD_BYTES",
+        "ELEUTHER_HIGH_PREC_BYTES",
+        "ELEUTHER_LOW_PREC_BYTES",
+        "ELEUTHER_OPTIMIZER_BYTES",
+        "ELEUTHER_ZERO3_LIVE_PARAMS",
+        "OtherEstimate",
+        "accelerate_estimate",
+        "all_estimates",
+        "bytes_per_param_estimate",
+        "comparison_table",
+        "eleutherai_activation_bytes",
+        "eleutherai_estimate",
+        "eleutherai_parameter_count",
+        "rule_of_thumb_loading",
+    ),
+    "memlab.memory.estimator": (
+        "BNB_BLOCK",
+        "BNB_MIN_NUMEL",
+        "DEVICES",
+        "DTYPE_BYTES",
+        "DTYPES",
+        "INFERENCE_PHASES",
+        "MemoryEstimate",
+        "batch_for_peak",
+        "bytes_per_param_curve",
+        "estimate",
+        "estimate_inference",
+        "forward_stage_bytes",
+        "largest_batch_that_fits",
+        "optimizer_state_bytes",
+        "optimizer_step_scratch_bytes",
+    ),
+    "memlab.memory.inference": (
+        "InferenceMemory",
+        "generate",
+        "measure_inference",
+        "trace_inference",
+    ),
+})
