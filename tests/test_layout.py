@@ -69,9 +69,10 @@ def test_import_contracts_are_kept():
 
 
 # One name, one home: each vocabulary is defined once (STYLE.md names where).
-HOMES = {"OPTIMIZERS": "model/train.py", "OPTIMIZER_IMPLS": "model/train.py",
-         "PRECISIONS": "model/train.py", "PHASES": "measure/step.py",
-         "INFERENCE_PHASES": "memory/inference.py", "SCHEMES": "quant/schemes.py",
+HOMES = {"OPTIMIZERS": "model/config.py", "OPTIMIZER_IMPLS": "model/config.py",
+         "PRECISIONS": "model/config.py", "ATTENTION_IMPLS": "model/config.py",
+         "PHASES": "model/step.py", "STEP_BYTES": "model/step.py",
+         "INFERENCE_PHASES": "memory/estimator.py", "SCHEMES": "quant/schemes.py",
          "LLM_INT8_THRESHOLD": "quant/functional.py", "FLOAT_DTYPES": "dtypes.py",
          "FORMATS": "precision/formats.py"}
 

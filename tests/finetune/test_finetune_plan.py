@@ -22,7 +22,7 @@ def test_fit_table_rows_fit_exactly_the_gpus_their_estimate_fits():
         for gpu, ok in r.fits.items():
             assert ok == (r.peak_bytes <= get_gpu(gpu).usable_bytes)
     full, qlora = t.row("llama2-7b", "full"), t.row("llama2-7b", "QLoRA all r=16")
-    assert qlora.peak_bytes < full.peak_bytes and qlora.parameters_bytes < full.parameters_bytes / 4
+    assert qlora.peak_bytes < full.peak_bytes and qlora.weights_bytes < full.weights_bytes / 4
     small = t.smallest_gpu(qlora)
     assert small is not None and qlora.fits[small]
     assert all(get_gpu(g).usable_bytes >= get_gpu(small).usable_bytes

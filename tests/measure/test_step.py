@@ -432,7 +432,7 @@ def test_a_spec_and_switches_together_are_refused():
     spec = StepSpec("tiny", batch_size=2, seq_len=32)
     with pytest.raises(MemlabError, match="either a StepSpec or switches"):
         trace_step(spec, batch_size=4)
-    with pytest.raises(MemlabError, match="pass no batch_size, seq_len or mode"):
+    with pytest.raises(MemlabError, match="pass no batch_size or seq_len"):
         estimate(spec, batch_size=4)
 
 
