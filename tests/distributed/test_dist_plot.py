@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -125,8 +123,12 @@ def test_rank_memory_stacks_four_categories_and_marks_formula_and_peak(memory):
     plt.close(fig)
 
 
-def test_rank_memory_takes_a_records_dict_and_refuses_a_bad_rank(memory):
-    fig = rank_memory(dataclasses.asdict(memory), source="recorded on X, 2026-01-01")
+def test_rank_memory_takes_a_records_value_and_refuses_a_bad_rank(memory):
+    from memlab.results import make_record
+
+    stored = make_record("distributed-memory", "ci", memory).value(type(memory))
+    assert stored == memory
+    fig = rank_memory(stored, source="recorded on X, 2026-01-01")
     assert "recorded on X" in fig.axes[0].get_title()
     plt.close(fig)
     with pytest.raises(MemlabError, match="rank must be one of 0..3"):

@@ -1,7 +1,7 @@
 """All of the book's figures: one house style, one module per part, no experiments inside.
 
-Functions take results (dataclasses or the dicts stored in records) and return a
-matplotlib ``Figure``; they never measure anything themselves. Every name is re-exported
+Functions take results (the dataclasses experiments return; a record's is ``Record.value()``)
+and return a matplotlib ``Figure``; they never measure anything themselves. Every name is re-exported
 here: ``import memlab.plot as mplot; mplot.loss_curves(...)``.
 """
 

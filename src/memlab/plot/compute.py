@@ -2,8 +2,8 @@
 bytes against its FLOPs and time, gradient accumulation, offload, the scaling-law fit, the
 memory planner's cheapest set-ups and the accelerator table.
 
-Every function takes a result of :mod:`memlab.compute` (the dataclass, or the dict its
-``as_dict()`` makes) and returns the ``Figure``. A one-panel function draws on ``ax`` when one is
+Every function takes a result of :mod:`memlab.compute` (the dataclass; a record's is
+``Record.value()``) and returns the ``Figure``. A one-panel function draws on ``ax`` when one is
 given (and returns its figure), a several-panel one on ``axes``; otherwise it makes its own
 figure. What a figure computes itself comes from formulas (the FLOP counts of
 :func:`flops_over_seq_len`, a fitted law's compute-optimal split); nothing here runs a step or
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -28,7 +28,7 @@ from memlab.compute.flops import matmul_parameters, palm_flops, six_nd, step_flo
 from memlab.compute.grid import (
     ScalingGrid,
 )
-from memlab.compute.hardware import Accelerator, accelerator_table, get_accelerator
+from memlab.compute.hardware import ACCELERATORS, Accelerator, get_accelerator
 from memlab.compute.offload import OffloadTable
 from memlab.compute.plan import MemoryPlan
 from memlab.compute.scaling import (
@@ -36,7 +36,6 @@ from memlab.compute.scaling import (
     CHINCHILLA_PARAMS_QUOTED,
     HOFFMANN_URL,
     PUBLISHED,
-    ScalingFit,
     budget_key,
     compute_optimal,
     n_opt_exponent,
@@ -66,23 +65,11 @@ HOFFMANN_RANGE_SOURCE = HOFFMANN_URL
 
 
 # Helpers -------------------------------------------------------------------------------------
-def _get(obj, name: str):
-    """A field of a result dataclass or of the dict its as_dict() makes."""
-    return obj[name] if isinstance(obj, Mapping) else getattr(obj, name)
-
-
-def _result(obj, cls: type, what: str, keys: Sequence[str]):
-    """``obj`` if it is a ``cls`` or a dict with ``keys``, else a one-line MemlabError."""
+def _check(obj, cls: type, what: str):
+    """``obj`` if it is a ``cls``, else a one-line MemlabError."""
     if isinstance(obj, cls):
         return obj
-    if isinstance(obj, Mapping):
-        missing = [k for k in keys if k not in obj]
-        if missing:
-            raise MemlabError(f"{what} lacks {missing[0]!r}; {_a(cls.__name__)}'s as_dict() "
-                              "has: " + ", ".join(keys))
-        return obj
-    raise MemlabError(f"{what} must be {_a(cls.__name__)} or its as_dict(), got "
-                      f"{type(obj).__name__}")
+    raise MemlabError(f"{what} must be {_a(cls.__name__)}, got {type(obj).__name__}")
 
 
 def _a(name: str) -> str:
@@ -230,7 +217,6 @@ def flops_over_seq_len(models, seq_lens, ax=None, title: str | None = None):
 
 
 # 2. The checkpointing curve ------------------------------------------------------------------
-CURVE_KEYS = ("setup", "rows", "sqrt_plan")
 
 
 def checkpoint_curve(curve, ax=None, memory: str = "backward", unit: str | None = None,
@@ -243,25 +229,25 @@ def checkpoint_curve(curve, ax=None, memory: str = "backward", unit: str | None 
     FLOPs PyTorch's checkpoint does with its default early stop; the faint crosses, at the same
     height, are each plan's FLOPs with every recomputation run to its end.
     """
-    curve = _result(curve, CheckpointCurve, "curve", CURVE_KEYS)
+    curve = _check(curve, CheckpointCurve, "curve")
     field, what = CURVE_MEMORY[check_choice("memory", memory, tuple(CURVE_MEMORY))]
-    rows = list(_get(curve, "rows"))
+    rows = list(curve.rows)
     if not rows:
         raise MemlabError("checkpoint_curve needs a curve with at least one row")
-    unit, scale = _unit(unit, max(_get(r, field) for r in rows))
+    unit, scale = _unit(unit, max(getattr(r, field) for r in rows))
     style()
     fig, ax, made = _one_ax(ax, (9.0, 4.6))
 
     def xy(r) -> tuple[float, float]:
-        return 100 * _get(r, "recompute_share"), _get(r, field) / scale
+        return 100 * r.recompute_share, getattr(r, field) / scale
 
-    by_name = {_get(r, "plan"): r for r in rows}
-    top = max(_get(r, field) for r in rows) / scale
-    right = max(100 * _get(r, "recompute_share_whole") for r in rows)
+    by_name = {r.plan: r for r in rows}
+    top = max(getattr(r, field) for r in rows) / scale
+    right = max(100 * r.recompute_share_whole for r in rows)
     ax.set_ylim(0, top * 1.15 if top else 1)
     ax.set_xlim(-0.04 * right - 0.5, right * 1.08 + 0.5)
-    ax.plot([100 * _get(r, "recompute_share_whole") for r in rows],
-            [_get(r, field) / scale for r in rows], linestyle="none", marker="x", markersize=5,
+    ax.plot([100 * r.recompute_share_whole for r in rows],
+            [getattr(r, field) / scale for r in rows], linestyle="none", marker="x", markersize=5,
             color="0.6", alpha=0.6, zorder=2,
             label="each plan, recomputation run to its end (early stop off)")
     labels = {}
@@ -283,7 +269,7 @@ def checkpoint_curve(curve, ax=None, memory: str = "backward", unit: str | None 
             ax.annotate(name, (x, y), xytext=(5, -11), textcoords="offset points", fontsize=8,
                         color=color)
             taken.append(tuple(ax.transData.transform((x, y))))
-    root = _get(curve, "sqrt_plan")
+    root = curve.sqrt_plan
     if root in by_name:
         x, y = xy(by_name[root])
         ax.plot([x], [y], linestyle="none", marker="*", markersize=15, markerfacecolor="none",
@@ -295,7 +281,7 @@ def checkpoint_curve(curve, ax=None, memory: str = "backward", unit: str | None 
     ax.set_xlabel("FLOPs added by recomputation, counted (% of the step without it)")
     ax.set_ylabel(f"{what}, estimated ({unit})")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    s = _get(curve, "setup")
+    s = curve.setup
     _finish(fig, made, title, (
         f"Checkpointing plans of {s['model']}, batch {s['batch_size']} x {s['seq_len']}, "
         f"{s['precision']}: {what} (estimated) against FLOPs added (counted)"), ax)
@@ -303,7 +289,6 @@ def checkpoint_curve(curve, ax=None, memory: str = "backward", unit: str | None 
 
 
 # 3. Checkpointing measured -------------------------------------------------------------------
-COSTS_KEYS = ("scale", "device", "setup", "plans")
 
 
 def checkpoint_costs(costs, axes=None, unit: str | None = None, whole: bool = False,
@@ -314,25 +299,25 @@ def checkpoint_costs(costs, axes=None, unit: str | None = None, whole: bool = Fa
     ``none``, which the ratios divide by. ``whole=True`` shows the ratios with every
     recomputation run to its end (the early stop of PyTorch's checkpoint turned off).
     """
-    costs = _result(costs, CheckpointCosts, "costs", COSTS_KEYS)
+    costs = _check(costs, CheckpointCosts, "costs")
     if not isinstance(whole, bool):
         raise MemlabError(f"whole must be True or False, got {whole!r}")
-    plans = list(_get(costs, "plans"))
-    names = [_get(p, "plan") for p in plans]
+    plans = list(costs.plans)
+    names = [p.plan for p in plans]
     if "none" not in names:
         raise MemlabError("checkpoint_costs divides by the plan 'none'; plans: " + ", ".join(names))
     none = plans[names.index("none")]
     ms, fl = ("step_ms_whole", "flops_whole") if whole else ("step_ms", "flops")
-    time_x = [_get(p, ms) / _get(none, "step_ms") for p in plans]
-    flops_x = [_get(p, fl) / _get(none, "flops") for p in plans]
-    unit, scale = _unit(unit, max(max(_get(p, "saved_bytes"), _get(p, "estimated_saved_bytes"))
+    time_x = [getattr(p, ms) / none.step_ms for p in plans]
+    flops_x = [getattr(p, fl) / none.flops for p in plans]
+    unit, scale = _unit(unit, max(max(p.saved_bytes, p.estimated_saved_bytes)
                                   for p in plans))
     style()
     fig, (ax, ax2), made = _many_axes(axes, 2, (10.5, 4.0))
     xs = np.arange(len(plans))
-    ax.bar(xs, [_get(p, "saved_bytes") / scale for p in plans], width=0.6, color=MEASURED_COLOR,
+    ax.bar(xs, [p.saved_bytes / scale for p in plans], width=0.6, color=MEASURED_COLOR,
            label="measured")
-    ax.plot(xs, [_get(p, "estimated_saved_bytes") / scale for p in plans], linestyle="none",
+    ax.plot(xs, [p.estimated_saved_bytes / scale for p in plans], linestyle="none",
             marker="v", markersize=8, color=ESTIMATED_COLOR, zorder=4, label="estimated")
     ax.set_xticks(xs, names, fontsize=8)
     ax.set_ylabel(f"saved activations ({unit})")
@@ -346,16 +331,15 @@ def checkpoint_costs(costs, axes=None, unit: str | None = None, whole: bool = Fa
     ax2.set_ylabel("ratio to no checkpointing")
     ax2.set_title("cost against 'none'" + (" (early stop off)" if whole else ""), fontsize=9)
     ax2.legend(fontsize=8, loc="upper left")
-    s = _get(costs, "setup")
+    s = costs.setup
     _finish(fig, made, title, (
         f"Checkpointing {s['model']} ({s['parameters']:,} parameters) on "
-        f"{_get(costs, 'device')} ({_get(costs, 'scale')} scale), batch {s['batch_size']} x "
+        f"{costs.device} ({costs.scale} scale), batch {s['batch_size']} x "
         f"{s['seq_len']}, {s['precision']}: bytes and time measured, FLOPs counted"))
     return fig
 
 
 # 4-5. Gradient accumulation ----------------------------------------------------------------
-SWEEP_KEYS = ("model", "parameters", "global_batch", "seq_len", "precision", "device", "rows")
 
 
 def accumulation_sweep(sweep, axes=None, unit: str | None = None, title: str | None = None):
@@ -364,40 +348,38 @@ def accumulation_sweep(sweep, axes=None, unit: str | None = None, title: str | N
     ``sweep`` is a :class:`memlab.compute.accumulation.AccumulationSweep`; a bar is labelled
     ``m x k``: micro-batches of m samples, k of them per optimizer step.
     """
-    sweep = _result(sweep, AccumulationSweep, "sweep", SWEEP_KEYS)
-    rows = list(_get(sweep, "rows"))
+    sweep = _check(sweep, AccumulationSweep, "sweep")
+    rows = list(sweep.rows)
     if not rows:
         raise MemlabError("accumulation_sweep needs a sweep with at least one row")
-    unit, scale = _unit(unit, max(max(_get(r, "measured_peak_bytes"),
-                                      _get(r, "estimated_peak_bytes")) for r in rows))
+    unit, scale = _unit(unit, max(max(r.measured_peak_bytes,
+                                      r.estimated_peak_bytes) for r in rows))
     style()
     fig, (ax, ax2), made = _many_axes(axes, 2, (10.0, 3.9))
     xs = np.arange(len(rows))
-    ticks = [f"{_get(r, 'micro_batch')} x {_get(r, 'grad_accum_steps')}" for r in rows]
-    ax.bar(xs, [_get(r, "measured_peak_bytes") / scale for r in rows], width=0.6,
+    ticks = [f"{r.micro_batch} x {r.grad_accum_steps}" for r in rows]
+    ax.bar(xs, [r.measured_peak_bytes / scale for r in rows], width=0.6,
            color=MEASURED_COLOR, label="measured")
-    ax.plot(xs, [_get(r, "estimated_peak_bytes") / scale for r in rows], linestyle="none",
+    ax.plot(xs, [r.estimated_peak_bytes / scale for r in rows], linestyle="none",
             marker="v", markersize=8, color=ESTIMATED_COLOR, zorder=4, label="estimated")
     ax.set_xticks(xs, ticks)
     ax.set_xlabel("micro-batch size m x micro-batches k")
     ax.set_ylabel(f"peak of a step ({unit})")
     ax.set_title("peak bytes", fontsize=9)
     ax.legend(fontsize=8, loc="lower left")
-    ax2.bar(xs, [_get(r, "ms_per_sample") for r in rows], width=0.6, color=MEASURED_COLOR,
+    ax2.bar(xs, [r.ms_per_sample for r in rows], width=0.6, color=MEASURED_COLOR,
             label="measured")
     ax2.set_xticks(xs, ticks)
     ax2.set_xlabel("micro-batch size m x micro-batches k")
     ax2.set_ylabel("time per sample, measured (ms)")
     ax2.set_title("time per sample (median step / global batch)", fontsize=9)
     _finish(fig, made, title, (
-        f"Gradient accumulation on {_get(sweep, 'device')}: {_get(sweep, 'model')} "
-        f"({_get(sweep, 'parameters'):,} parameters), global batch {_get(sweep, 'global_batch')} "
-        f"x seq {_get(sweep, 'seq_len')}, {_get(sweep, 'precision')}"))
+        f"Gradient accumulation on {sweep.device}: {sweep.model} "
+        f"({sweep.parameters:,} parameters), global batch {sweep.global_batch} "
+        f"x seq {sweep.seq_len}, {sweep.precision}"))
     return fig
 
 
-BUFFER_KEYS = ("model", "trainable_parameters", "extra_bytes_counted", "extra_bytes_measured",
-               "micro_batch_size", "seq_len", "device", "rows")
 
 
 def accumulation_buffer(buffer, ax=None, title: str | None = None):
@@ -408,17 +390,17 @@ def accumulation_buffer(buffer, ax=None, title: str | None = None):
     place on a log axis and is left out; the
     dotted line is bf16's unit roundoff, half its machine epsilon.
     """
-    buffer = _result(buffer, AccumulationBuffer, "buffer", BUFFER_KEYS)
-    rows = sorted(_get(buffer, "rows"), key=lambda r: _get(r, "micro_batches"))
+    buffer = _check(buffer, AccumulationBuffer, "buffer")
+    rows = sorted(buffer.rows, key=lambda r: r.micro_batches)
     if not rows:
         raise MemlabError("accumulation_buffer needs a result with at least one row")
     style()
     fig, ax, made = _one_ax(ax, (6.6, 4.0))
-    ks = [_get(r, "micro_batches") for r in rows]
+    ks = [r.micro_batches for r in rows]
     for field, label, color, marker in (
             ("bf16_grad_error", "bf16 .grad (autograd adds in bf16)", "tab:red", "o"),
             ("fp32_buffer_error", "fp32 buffer (main_grad)", "tab:blue", "s")):
-        pts = [(k, _get(r, field)) for k, r in zip(ks, rows, strict=True) if _get(r, field) > 0]
+        pts = [(k, getattr(r, field)) for k, r in zip(ks, rows, strict=True) if getattr(r, field) > 0]
         xs, ys = ([p[0] for p in pts], [p[1] for p in pts])
         ax.plot(xs, ys, marker=marker, color=color, label=label)
     u = torch.finfo(torch.bfloat16).eps / 2
@@ -430,18 +412,16 @@ def accumulation_buffer(buffer, ax=None, title: str | None = None):
     ax.set_xlabel("micro-batches k")
     ax.set_ylabel("relative L2 error, measured (vs fp64 sum)")
     ax.legend(fontsize=8)
-    extra = _get(buffer, "extra_bytes_measured")
+    extra = buffer.extra_bytes_measured
     _finish(fig, made, title, (
-        f"Accumulating bf16 gradients on {_get(buffer, 'device')}: {_get(buffer, 'model')}, "
-        f"micro-batch {_get(buffer, 'micro_batch_size')} x seq {_get(buffer, 'seq_len')}; "
+        f"Accumulating bf16 gradients on {buffer.device}: {buffer.model}, "
+        f"micro-batch {buffer.micro_batch_size} x seq {buffer.seq_len}; "
         f"the fp32 buffer costs {extra:,} bytes measured "
-        f"({_get(buffer, 'extra_bytes_counted'):,} counted)"), ax)
+        f"({buffer.extra_bytes_counted:,} counted)"), ax)
     return fig
 
 
 # 6. Offload --------------------------------------------------------------------------------
-OFFLOAD_KEYS = ("model", "parameters", "gpus", "batch_size", "seq_len", "precision", "link",
-                "link_bytes_per_s", "gpu", "peak_flops", "mfu", "rows")
 
 
 def offload_costs(table, ax=None, title: str | None = None):
@@ -451,54 +431,44 @@ def offload_costs(table, ax=None, title: str | None = None):
     bandwidth, the compute at a quoted peak times an assumed MFU, both estimated. A row that moves
     nothing has no transfer bar. Each tick names the per-GPU peak (estimated).
     """
-    table = _result(table, OffloadTable, "table", OFFLOAD_KEYS)
-    rows = list(_get(table, "rows"))
+    table = _check(table, OffloadTable, "table")
+    rows = list(table.rows)
     if not rows:
         raise MemlabError("offload_costs needs a table with at least one row")
     style()
     fig, ax, made = _one_ax(ax, (7.0, 4.2))
     xs = np.arange(len(rows))
     w = 0.38
-    moved = [(x, _get(r, "transfer_s")) for x, r in zip(xs, rows, strict=True)
-             if _get(r, "transfer_s") > 0]
+    moved = [(x, r.transfer_s) for x, r in zip(xs, rows, strict=True)
+             if r.transfer_s > 0]
     ax.bar([x - w / 2 for x, _ in moved], [s for _, s in moved], width=w, color="tab:orange",
-           label=f"transfer over {_get(table, 'link')}, estimated")
-    ax.bar(xs + w / 2, [_get(r, "compute_s") for r in rows], width=w, color=COUNTED_COLOR,
-           label=f"compute at MFU {_get(table, 'mfu'):.0%}, estimated")
+           label=f"transfer over {table.link}, estimated")
+    ax.bar(xs + w / 2, [r.compute_s for r in rows], width=w, color=COUNTED_COLOR,
+           label=f"compute at MFU {table.mfu:.0%}, estimated")
     ax.set_yscale("log")
     _plain_log_ticks(ax.yaxis)
-    seconds = [_get(r, "compute_s") for r in rows] + [s for _, s in moved]
+    seconds = [r.compute_s for r in rows] + [s for _, s in moved]
     top = max(seconds)
     for x, r in zip(xs, rows, strict=True):
-        ratio = _get(r, "transfer_over_compute")
-        text = _get(r, "verdict") + (f"\ntransfer / compute {ratio:.2f}" if ratio else "")
+        ratio = r.transfer_over_compute
+        text = r.verdict + (f"\ntransfer / compute {ratio:.2f}" if ratio else "")
         ax.text(x, top * 2.0, text, ha="center", va="bottom", fontsize=8)
     ax.set_ylim(min(seconds) / 5, top * 60)  # a log axis has no 0: the bars start below
-    ax.set_xticks(xs, [f"{_get(r, 'offload')}, ZeRO-{_get(r, 'zero_stage')}\npeak "
-                       f"{to_unit(_get(r, 'per_gpu_peak_bytes'), 'GiB'):.1f} GiB" for r in rows],
+    ax.set_xticks(xs, [f"{r.offload}, ZeRO-{r.zero_stage}\npeak "
+                       f"{to_unit(r.per_gpu_peak_bytes, 'GiB'):.1f} GiB" for r in rows],
                   fontsize=8)
     ax.set_ylabel("seconds per step (s)")
     ax.legend(fontsize=8, loc="upper center", ncol=2)
     _finish(fig, made, title, (
-        f"Offload, estimated: {_get(table, 'model')} ({_get(table, 'parameters'):,} parameters) "
-        f"on one of {_get(table, 'gpus')} {_get(table, 'gpu')}, batch {_get(table, 'batch_size')}"
-        f" x {_get(table, 'seq_len')} per GPU, {_get(table, 'precision')}; link "
-        f"{_get(table, 'link_bytes_per_s') / UNITS['GB']:g} GB/s and peak "
-        f"{_get(table, 'peak_flops') / 1e12:g} TFLOP/s quoted"), ax)
+        f"Offload, estimated: {table.model} ({table.parameters:,} parameters) "
+        f"on one of {table.gpus} {table.gpu}, batch {table.batch_size}"
+        f" x {table.seq_len} per GPU, {table.precision}; link "
+        f"{table.link_bytes_per_s / UNITS['GB']:g} GB/s and peak "
+        f"{table.peak_flops / 1e12:g} TFLOP/s quoted"), ax)
     return fig
 
 
 # 7. The scaling law --------------------------------------------------------------------------
-GRID_KEYS = ("entropy_nats", "runs", "fit_free", "fit_fixed", "boot_free", "boot_fixed",
-             "budgets", "optimal_free", "optimal_fixed", "device")
-
-
-def _fit(obj) -> ScalingFit:
-    return obj if isinstance(obj, ScalingFit) else ScalingFit(**obj)
-
-
-def _intervals(boot) -> Mapping:
-    return _get(boot, "intervals")
 
 
 def _n_opt_line(ax, fit, flops: np.ndarray, **kw) -> bool:
@@ -530,29 +500,29 @@ def scaling_fit(grid, axes=None, title: str | None = None):
     tokenizer, so on one axis only the slopes (the exponents in the legends) would compare, and
     a shared line would read as an extrapolation from one to the other.
     """
-    grid = _result(grid, ScalingGrid, "grid", GRID_KEYS)
-    runs = list(_get(grid, "runs"))
+    grid = _check(grid, ScalingGrid, "grid")
+    runs = list(grid.runs)
     if not runs:
         raise MemlabError("scaling_fit needs a grid with at least one run")
-    free, fixed = _fit(_get(grid, "fit_free")), _fit(_get(grid, "fit_fixed"))
-    entropy = _get(grid, "entropy_nats")
+    free, fixed = grid.fit_free, grid.fit_fixed
+    entropy = grid.entropy_nats
     style()
     fig, (ax, ax2, ax3), made = _many_axes(axes, 3, (14.5, 4.4))
 
     # Left: loss against tokens.
-    sizes = sorted({_get(r, "n_params") for r in runs})
+    sizes = sorted({r.n_params for r in runs})
     cmap = plt.get_cmap("viridis")
-    tokens = np.array([_get(r, "tokens") for r in runs], dtype=np.float64)
+    tokens = np.array([r.tokens for r in runs], dtype=np.float64)
     dense = np.geomspace(tokens.min(), tokens.max(), 64)
     for i, n in enumerate(sizes):
         color = cmap(0.1 + 0.75 * i / max(1, len(sizes) - 1))
-        sel = sorted((r for r in runs if _get(r, "n_params") == n), key=lambda r: _get(r, "tokens"))
-        ax.plot([_get(r, "tokens") for r in sel], [_get(r, "loss") for r in sel], linestyle="none",
+        sel = sorted((r for r in runs if r.n_params == n), key=lambda r: r.tokens)
+        ax.plot([r.tokens for r in sel], [r.loss for r in sel], linestyle="none",
                 marker="o", color=color, label=f"N = {n:,}, measured")
         ax.plot(dense, free.predict(np.full_like(dense, n), dense), "-", color=color, lw=1.2)
     ax.axhline(entropy, color="black", linestyle="--", lw=1,
                label=f"task entropy {entropy:.3f} nats (exact)")
-    lo, hi = _intervals(_get(grid, "boot_free"))["E"]
+    lo, hi = grid.boot_free.intervals["E"]
     ax.axhline(free.E, color="0.4", linestyle=":", lw=1.2,
                label=f"fitted E {free.E:.3f} [{lo:.3f}, {hi:.3f}]")
     if math.isfinite(lo) and math.isfinite(hi):
@@ -564,9 +534,9 @@ def scaling_fit(grid, axes=None, title: str | None = None):
     ax.legend(fontsize=7)
 
     # Middle: the grid's fits, compute-optimal N against C.
-    flops = np.array([_get(r, "flops") for r in runs], dtype=np.float64)
+    flops = np.array([r.flops for r in runs], dtype=np.float64)
     span = np.geomspace(flops.min(), flops.max(), 64)
-    ax2.plot(flops, [_get(r, "n_params") for r in runs], linestyle="none", marker=".",
+    ax2.plot(flops, [r.n_params for r in runs], linestyle="none", marker=".",
              color="0.7", label="runs of the grid")
     missing = []
     for fit, boot_key, opt_key, label, color in (
@@ -575,10 +545,10 @@ def scaling_fit(grid, axes=None, title: str | None = None):
         if not _n_opt_line(ax2, fit, span, color=color, label=label):
             missing.append(label)
             continue
-        opts = list(_get(grid, opt_key))
-        intervals = _intervals(_get(grid, boot_key))
-        cs = [_get(o, "flops") for o in opts]
-        ns = [_get(o, "n_opt") for o in opts]
+        opts = list(getattr(grid, opt_key))
+        intervals = getattr(grid, boot_key).intervals
+        cs = [o.flops for o in opts]
+        ns = [o.n_opt for o in opts]
         bands = [intervals.get(budget_key("n_opt", c), (math.nan, math.nan)) for c in cs]
         err = np.array([[max(n - b[0], 0.0) if math.isfinite(b[0]) else 0.0 for n, b in
                          zip(ns, bands, strict=True)],
@@ -619,14 +589,12 @@ def scaling_fit(grid, axes=None, title: str | None = None):
     ax3.set_title("quoted fits (dashed: past the sizes they trained)", fontsize=9)
     ax3.legend(fontsize=7, loc="upper left")
     _finish(fig, made, title, (
-        f"A scaling law fitted on {len(runs)} runs measured on {_get(grid, 'device')}, beside "
+        f"A scaling law fitted on {len(runs)} runs measured on {grid.device}, beside "
         "the quoted fits"))
     return fig
 
 
 # 8. The planner ------------------------------------------------------------------------------
-PLAN_KEYS = ("model", "parameters", "gpu", "usable_bytes", "global_batch", "seq_len", "mfu",
-             "rows", "smallest_peak_bytes", "smallest_peak_label")
 
 
 def plan_costs(plan, limit: int = 12, ax=None, title: str | None = None):
@@ -636,56 +604,54 @@ def plan_costs(plan, limit: int = 12, ax=None, title: str | None = None):
     the cheapest on top, coloured by what trains (full, LoRA, QLoRA). The GPU's usable memory is
     in the title.
     """
-    plan = _result(plan, MemoryPlan, "plan", PLAN_KEYS)
+    plan = _check(plan, MemoryPlan, "plan")
     check_positive_int("limit", limit)
-    rows = list(_get(plan, "rows"))[:limit]
-    usable = to_unit(_get(plan, "usable_bytes"), "GiB")
+    rows = list(plan.rows)[:limit]
+    usable = to_unit(plan.usable_bytes, "GiB")
     style()
     fig, ax, made = _one_ax(ax, (10.0, 0.38 * max(len(rows), 3) + 1.8))
     ys = np.arange(len(rows))
-    costs = [_get(r, "gpu_seconds") for r in rows]
-    ax.barh(ys, costs, height=0.7, color=[TRAINS_COLORS[_get(r, "trains")] for r in rows])
+    costs = [r.gpu_seconds for r in rows]
+    ax.barh(ys, costs, height=0.7, color=[TRAINS_COLORS[r.trains] for r in rows])
     for y, r, c in zip(ys, rows, costs, strict=True):
-        ax.text(c, y, f" {to_unit(_get(r, 'per_gpu_peak_bytes'), 'GiB'):.1f} GiB", va="center",
+        ax.text(c, y, f" {to_unit(r.per_gpu_peak_bytes, 'GiB'):.1f} GiB", va="center",
                 fontsize=7)
     if not rows:
         ax.text(0.5, 0.5, f"nothing fits: the smallest per-GPU peak is "
-                f"{to_unit(_get(plan, 'smallest_peak_bytes'), 'GiB'):.1f} GiB\n"
-                f"({_get(plan, 'smallest_peak_label')})", transform=ax.transAxes, ha="center",
+                f"{to_unit(plan.smallest_peak_bytes, 'GiB'):.1f} GiB\n"
+                f"({plan.smallest_peak_label})", transform=ax.transAxes, ha="center",
                 va="center", fontsize=9)
-    ax.set_yticks(ys, [_get(r, "label") for r in rows], fontsize=7)
+    ax.set_yticks(ys, [r.label for r in rows], fontsize=7)
     ax.invert_yaxis()
     if costs:
         ax.set_xlim(0, max(costs) * 1.18)
     ax.set_xlabel("GPU-seconds per optimizer step, estimated (s)")
     import matplotlib.patches as patches
 
-    shown = [t for t in TRAINS_COLORS if any(_get(r, "trains") == t for r in rows)]
+    shown = [t for t in TRAINS_COLORS if any(r.trains == t for r in rows)]
     if shown:
         ax.legend(handles=[patches.Patch(color=TRAINS_COLORS[t], label=t) for t in shown],
                   fontsize=8, loc="upper right")
     _finish(fig, made, title, (
-        f"Cheapest set-ups for {_get(plan, 'model')} on {_get(plan, 'gpu')} ({usable:.1f} GiB "
-        f"usable), global batch {_get(plan, 'global_batch')} x {_get(plan, 'seq_len')}: "
-        f"estimated (MFU {_get(plan, 'mfu'):.0%}, no overlap); at each bar: its per-GPU peak"), ax)
+        f"Cheapest set-ups for {plan.model} on {plan.gpu} ({usable:.1f} GiB "
+        f"usable), global batch {plan.global_batch} x {plan.seq_len}: "
+        f"estimated (MFU {plan.mfu:.0%}, no overlap); at each bar: its per-GPU peak"), ax)
     return fig
 
 
 # 9. Accelerators -----------------------------------------------------------------------------
-ACCELERATOR_KEYS = ("name", "vendor", "memory_bytes", "dense_16bit_flops_per_s",
-                    "dense_16bit_format")
 
 
 def _accelerator_rows(rows) -> list:
     if rows is None:
-        return accelerator_table()
-    if isinstance(rows, (str, Accelerator, Mapping)) or not isinstance(rows, Iterable):
+        return list(ACCELERATORS)
+    if isinstance(rows, (str, Accelerator)) or not isinstance(rows, Iterable):
         rows = [rows]
     out = []
     for r in rows:
         if isinstance(r, str):
             r = get_accelerator(r)
-        out.append(_result(r, Accelerator, "accelerator row", ACCELERATOR_KEYS))
+        out.append(_check(r, Accelerator, "accelerator row"))
     if not out:
         raise MemlabError("accelerators needs at least one row")
     return out
@@ -694,8 +660,8 @@ def _accelerator_rows(rows) -> list:
 def accelerators(rows=None, ax=None, title: str | None = None):
     """Quoted memory (GiB) against quoted dense 16-bit TFLOP/s of each accelerator, a colour per vendor, names annotated (chapter: 7).
 
-    ``rows``: what :func:`memlab.compute.hardware.accelerator_table` returns (the default: every
-    row), :class:`~memlab.compute.hardware.Accelerator` objects or names. A hollow marker is a
+    ``rows``: :class:`~memlab.compute.hardware.Accelerator` objects or their names (the default:
+    every row of :data:`~memlab.compute.hardware.ACCELERATORS`). A hollow marker is a
     part whose 16-bit peak is fp16 (no bf16 rate). Both axes are logarithmic; a name close to an
 earlier one is written below its point.
     """
@@ -705,11 +671,11 @@ earlier one is written below its point.
     vendors: list[str] = []
     placed: list[tuple[float, float]] = []
     for r in rows:
-        vendor = _get(r, "vendor")
+        vendor = r.vendor
         color = VENDOR_COLORS.get(vendor, "0.4")
-        x = _get(r, "dense_16bit_flops_per_s") / 1e12
-        y = to_unit(_get(r, "memory_bytes"), "GiB")
-        bf16 = _get(r, "dense_16bit_format") == "bf16"
+        x = r.dense_16bit_flops_per_s / 1e12
+        y = to_unit(r.memory_bytes, "GiB")
+        bf16 = r.dense_16bit_format == "bf16"
         ax.plot([x], [y], linestyle="none", marker="o", markersize=7, color=color,
                 markerfacecolor=color if bf16 else "none")
         if vendor not in vendors:
@@ -718,7 +684,7 @@ earlier one is written below its point.
         near = sum(abs(math.log(x / px)) < 0.12 and abs(math.log(y / py)) < 0.12
                    for px, py in placed)
         placed.append((x, y))
-        ax.annotate(_get(r, "name"), (x, y), xytext=(5, 3 - 10 * near),
+        ax.annotate(r.name, (x, y), xytext=(5, 3 - 10 * near),
                     textcoords="offset points", fontsize=7)
     ax.set_xscale("log")
     ax.set_yscale("log")
