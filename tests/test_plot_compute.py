@@ -1,4 +1,4 @@
-"""Chapter 7's figures (memlab.plot.compute), each drawn from a small result of memlab.compute."""
+"""Chapter 7's figures (memlab.plot.recompute, .scaling, .planning), each drawn from a small result of memlab.compute."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from memlab.compute.scaling import (  # noqa: E402
     PUBLISHED,
 )
 from memlab.errors import MemlabError  # noqa: E402
-from memlab.plot.compute import HOFFMANN_PARAMS_RANGE_QUOTED  # noqa: E402
+from memlab.plot.scaling import HOFFMANN_PARAMS_RANGE_QUOTED  # noqa: E402
 
 MiB = 2**20
 
