@@ -74,3 +74,53 @@ def test_the_repository_address_is_the_books():
     assert re.search(r"url: (\S+)", config).group(1) == REPOSITORY_URL
     rec = Record("allocator", "full", {}, {})
     assert record_file_url(rec, "s.pickle") == f"{REPOSITORY_URL}/raw/main/results/allocator/s.pickle"
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    bytes_: int
+    late: int = 7  # a field added after some records were made
+
+
+@dataclass(frozen=True)
+class Table:
+    rows: tuple[Row, ...]
+    by_stage: dict[int, float]
+    worst: float
+
+
+def test_value_rebuilds_the_declared_result_type():
+    from memlab.results import declare_result_type
+
+    declare_result_type("toy-table", Table)
+    res = Table((Row("a", 1, 2),), {0: 1.5, 3: 2.0}, float("inf"))
+    rec = make_record("toy-table", "ci", res)
+    assert rec.value() == res  # int keys and an infinite float come back as they were
+
+
+def test_value_takes_defaults_ignores_extra_keys_and_names_what_it_lacks():
+    import pytest
+
+    from memlab.errors import MemlabError
+    from memlab.results import Record
+
+    old = {"rows": [{"name": "a", "bytes_": 1, "gone": 3}], "by_stage": {}, "worst": 1.0}
+    rec = Record("toy-table", "ci", old, {"date": "2026-01-01"})
+    assert rec.value(Table).rows == (Row("a", 1, 7),)
+    no_bytes = {**old, "rows": [{"name": "a"}]}
+    labelled = Record("toy-table", "ci", no_bytes, {"lacks": ["result.rows[].bytes_"]})
+    assert labelled.value(Table).rows == (Row("a", None, 7),)
+    with pytest.raises(MemlabError, match="bytes_"):
+        Record("toy-table", "ci", no_bytes, {}).value(Table)
+
+
+def test_every_stored_record_is_its_result():
+    from memlab.experiments import experiments
+    from memlab.results import load_record, results_dir
+
+    paths = sorted(results_dir().glob("*/*.json"))
+    assert paths
+    for path in paths:
+        rec = load_record(path)
+        assert isinstance(rec.value(), experiments()[rec.experiment].result), path

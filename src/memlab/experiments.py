@@ -77,7 +77,7 @@ def register(name: str, *, chapter: str, summary: str, sizes: dict, result: type
     gives the measured ones) and ``priority`` plan a GPU pass (``memlab record``).
     """
     from memlab.device import SCALES
-    from memlab.results import writable_type
+    from memlab.results import declare_result_type, writable_type
 
     if not _is_frozen_dataclass(result):
         raise MemlabError(f"experiment {name!r}: result must be a frozen dataclass, got {result!r}")
@@ -95,6 +95,7 @@ def register(name: str, *, chapter: str, summary: str, sizes: dict, result: type
         EXPERIMENTS[name] = Experiment(name=name, chapter=chapter, summary=summary, fn=fn,
                                        sizes=sizes, result=result, needs=needs,
                                        cost_s=float(cost_s), priority=priority, gpus=gpus)
+        declare_result_type(name, result)
         return fn
 
     return wrap

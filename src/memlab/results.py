@@ -256,6 +256,22 @@ class Record:
         tail = f"; lacks: {', '.join(lacks)}" if lacks else ""
         return f"recorded on {self.provenance.get('device_name', '?')}, {day}{tail}"
 
+    def value(self, tp: type | None = None):
+        """The result this record records: the frozen result dataclass its experiment returns (chapter: all).
+
+        The type is ``tp`` when given, else the one the experiment declared at registration
+        (:func:`result_type`). The JSON is rebuilt by :func:`rebuild`: keys the type no
+        longer has are ignored, a field the JSON lacks takes its default, a field the record's
+        label says it lacks (``provenance["lacks"]``) is None, and any other missing field is
+        a one-line :class:`MemlabError` naming it.
+        """
+        tp = tp or result_type(self.experiment)
+        try:
+            return rebuild(self.result, tp, "result", tuple(self.provenance.get("lacks") or ()))
+        except (TypeError, KeyError, ValueError) as exc:
+            raise MemlabError(f"the record {self.experiment}/{self.scale} "
+                              f"({self.label}) cannot be read as a {tp.__name__}: {exc}") from None
+
     def to_json(self) -> str:
         """The record as the JSON text stored in ``results/``."""
         body = {"experiment": self.experiment, "scale": self.scale}
@@ -263,6 +279,31 @@ class Record:
             body["sizes"] = self.sizes
         body |= {"result": self.result, "provenance": self.provenance}
         return json.dumps(body, indent=2, sort_keys=False) + "\n"
+
+
+RESULT_TYPES: dict[str, type] = {}  # experiment -> its result dataclass, filled by the registry
+
+
+def declare_result_type(experiment: str, tp: type) -> None:
+    """Say which dataclass ``experiment``'s records hold; the registry calls it for each experiment (chapter: all)."""
+    RESULT_TYPES[experiment] = tp
+
+
+def result_type(experiment: str) -> type:
+    """The result dataclass ``experiment`` declared, found by importing the parts' experiments (chapter: all).
+
+    The registry (:mod:`memlab.experiments`) declares each experiment's type here when it
+    registers it (:func:`declare_result_type`); an experiment not declared yet is looked for
+    by importing every part's ``experiments`` module, as the registry's discovery does.
+    """
+    if experiment not in RESULT_TYPES:
+        from memlab.book import import_rooms
+
+        import_rooms("experiments")
+    if experiment not in RESULT_TYPES:
+        raise MemlabError(f"no experiment {experiment!r} declares a result type; declared: "
+                          + ", ".join(sorted(RESULT_TYPES)))
+    return RESULT_TYPES[experiment]
 
 
 def result_sha256(result: dict) -> str:
@@ -330,12 +371,16 @@ def awaiting(experiment: str, device: str = "cuda") -> str:
             f"place (or `python -m memlab run {experiment} --scale full --out results/`)")
 
 
-def rebuild(value, tp):
+def rebuild(value, tp, where: str = "result", lacks=()):
     """A record's JSON value as the type it was written from: dataclasses, tuples, lists, dicts (chapter: all).
 
     The inverse of :func:`jsonable` for the shapes records hold, so that a page can call a
-    result's own methods on a stored record: ``rebuild(rec.result, CudaCheck).summary()``.
-    Tensors stay lists and dtypes stay strings.
+    result's own methods on a stored record (what :meth:`Record.value` does with the
+    experiment's declared type). Tensors stay lists and dtypes stay strings; the keys of a
+    ``dict[int, ...]`` become ints again and a float written as ``'inf'`` (or NaN, written as
+    None) a float. A dataclass field the JSON lacks takes its default, or None where ``lacks``
+    names it the way a record's label does (``result.runs[].built_bytes``); keys the dataclass
+    has no field for are ignored.
     """
     import types
     import typing
@@ -347,19 +392,34 @@ def rebuild(value, tp):
         arms = [a for a in args if a is not type(None)]
         pick = next((a for a in arms if dataclasses.is_dataclass(a) and isinstance(value, dict)),
                     arms[0])
-        return rebuild(value, pick)
+        return rebuild(value, pick, where, lacks)
     if dataclasses.is_dataclass(tp) and isinstance(value, dict):
         hints = typing.get_type_hints(tp)
-        return tp(**{f.name: rebuild(value[f.name], hints[f.name])
-                     for f in dataclasses.fields(tp) if f.init and f.name in value})
+        kwargs = {}
+        for f in dataclasses.fields(tp):
+            here = f"{where}.{f.name}"
+            if not f.init:
+                continue
+            if f.name in value:
+                kwargs[f.name] = rebuild(value[f.name], hints[f.name], here, lacks)
+            elif here in lacks:
+                kwargs[f.name] = None
+        return tp(**kwargs)
     if origin is tuple and isinstance(value, list):
         if args and args[-1] is not Ellipsis:
-            return tuple(rebuild(v, a) for v, a in zip(value, args, strict=False))
-        return tuple(rebuild(v, args[0]) if args else v for v in value)
+            return tuple(rebuild(v, a, f"{where}[]", lacks)
+                         for v, a in zip(value, args, strict=False))
+        return tuple(rebuild(v, args[0], f"{where}[]", lacks) if args else v for v in value)
     if origin is list and isinstance(value, list):
-        return [rebuild(v, args[0]) if args else v for v in value]
+        return [rebuild(v, args[0], f"{where}[]", lacks) if args else v for v in value]
     if origin is dict and isinstance(value, dict):
-        return {k: rebuild(v, args[1]) if len(args) == 2 else v for k, v in value.items()}
+        if len(args) != 2:
+            return dict(value)
+        key = args[0] if args[0] in (int, float) else None
+        return {key(k) if key and isinstance(k, str) else k: rebuild(v, args[1], f"{where}[]", lacks)
+                for k, v in value.items()}
+    if tp is float and (value is None or value in ("inf", "-inf")):
+        return float("nan") if value is None else float(value)
     return value
 
 

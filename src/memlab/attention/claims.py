@@ -68,8 +68,8 @@ def c21_evidence() -> dict:
     rec = recorded("attention-time", device="cuda")
     speed = None
     if rec is not None:
-        rows = [r for r in rec.result["rows"] if r["status"] == "measured"]
-        t = {(r["impl"], r["T"]): r["median_ms"] for r in rows}
+        rows = [r for r in rec.value().rows if r.status == "measured"]
+        t = {(r.impl, r.T): r.median_ms for r in rows}
         ratios = {T: t[("naive", T)] / t[("sdpa-flash", T)] for (i, T) in t
                   if i == "naive" and ("sdpa-flash", T) in t}
         speed = dict(label=f"recorded on {rec.provenance.get('device_name')}, "
@@ -187,14 +187,14 @@ def c27_evidence() -> dict:
     """A block compiled against eager: kernels, saved bytes, time, compile time, from the newest record (chapter: 4)."""
     rec = recorded("fusion-block", device="cuda") or recorded("fusion-block", device="cpu",
                                                                scale=None)
-    if rec is None or rec.result.get("status") != "measured":
+    r = None if rec is None else rec.value()
+    if r is None or r.status != "measured":
         return dict(record=None, tolerance=0.05, break_even_limit=1000)
-    r = rec.result
     return dict(record=f"recorded on {rec.provenance.get('device_name')}, "
                        f"{str(rec.provenance.get('date', ''))[:10]}",
-                kernels=(r["eager_kernels"], r["compiled_kernels"]),
-                saved=(r["eager_saved_bytes"], r["compiled_saved_bytes"]),
-                ms=(r["eager_step_ms"], r["compiled_step_ms"]), compile_s=r["compile_s"],
+                kernels=(r.eager_kernels, r.compiled_kernels),
+                saved=(r.eager_saved_bytes, r.compiled_saved_bytes),
+                ms=(r.eager_step_ms, r.compiled_step_ms), compile_s=r.compile_s,
                 tolerance=0.05, break_even_limit=1000)
 
 

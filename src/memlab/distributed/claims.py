@@ -265,14 +265,15 @@ def c35_evidence() -> dict:
     rec = recorded("distributed-memory", device="cuda")
     if rec is None:
         return dict(recorded=None, share=0.5)
-    runs = {r["strategy"]: r for r in rec.result["runs"]}
-    pick = {s: dict(peak=runs[s]["ranks"][0]["peak_bytes"], seconds=runs[s]["step_seconds"],
-                    offloaded=runs[s]["ranks"][0]["offloaded_bytes"],
-                    activations=runs[s]["ranks"][0]["activations"])
+    result = rec.value()
+    runs = {r.strategy: r for r in result.runs}
+    pick = {s: dict(peak=runs[s].ranks[0].peak_bytes, seconds=runs[s].step_seconds,
+                    offloaded=runs[s].ranks[0].offloaded_bytes,
+                    activations=runs[s].ranks[0].activations)
             for s in ("zero3", "offload")}
     return dict(recorded=dict(device=rec.provenance.get("device_name"),
                               date=str(rec.provenance.get("date", ""))[:10],
-                              parameters=rec.result["parameters"], **pick), share=0.5)
+                              parameters=result.parameters, **pick), share=0.5)
 
 
 def _c35(ev: dict) -> claims.Verdict:

@@ -607,14 +607,14 @@ def recorded_timeline_summary(record: Record | None = None) -> list[str]:
     record = record if record is not None else recorded_gather()
     if record is None:
         return ["no recorded GPU run of distributed-memory in results/"]
-    res = record.result
-    lines = [f"{record.label}: {res['config']['name']}, world size {res['world_size']}"]
-    for run in res["runs"]:
-        if run["strategy"] not in TIMELINE_STRATEGIES:
+    res = record.value()
+    lines = [f"{record.label}: {res.config['name']}, world size {res.world_size}"]
+    for run in res.runs:
+        if run.strategy not in TIMELINE_STRATEGIES:
             continue
-        marks = [b for _, b in run.get("gather_timeline") or []]
-        comm = run["ranks"][0]["comm"]
-        lines.append(f"  {run['label']}: {len(marks)} marks, largest gathered "
+        marks = [b for _, b in run.gather_timeline]
+        comm = run.ranks[0].comm
+        lines.append(f"  {run.label}: {len(marks)} marks, largest gathered "
                      f"{max(marks, default=0):,} bytes; collectives issued: "
                      f"{', '.join(comm) or 'none'}")
     return lines

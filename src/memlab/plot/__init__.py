@@ -1,7 +1,7 @@
 """All of the book's figures: one house style, one module per part, no experiments inside.
 
-Functions take results (dataclasses or the dicts stored in records) and return a
-matplotlib ``Figure``; they never measure anything themselves. Every name is re-exported
+Functions take results (the dataclasses experiments return; a record's is ``Record.value()``)
+and return a matplotlib ``Figure``; they never measure anything themselves. Every name is re-exported
 here: ``import memlab.plot as mplot; mplot.loss_curves(...)``.
 """
 
@@ -11,17 +11,6 @@ from memlab.plot.attention import (  # noqa: F401
     attention_memory,
     tiling,
     traffic,
-)
-from memlab.plot.compute import (  # noqa: F401
-    accelerators,
-    accumulation_buffer,
-    accumulation_sweep,
-    checkpoint_costs,
-    checkpoint_curve,
-    flops_over_seq_len,
-    offload_costs,
-    plan_costs,
-    scaling_fit,
 )
 from memlab.plot.distributed import (  # noqa: F401
     COLLECTIVE_COLORS,
@@ -51,6 +40,11 @@ from memlab.plot.memory import (  # noqa: F401
     error_histogram,
     ratio_heatmap,
 )
+from memlab.plot.planning import (  # noqa: F401
+    accelerators,
+    offload_costs,
+    plan_costs,
+)
 from memlab.plot.precision import (  # noqa: F401
     FORMAT_COLORS,
     MEMORY_PARTS,
@@ -70,6 +64,16 @@ from memlab.plot.quant import (  # noqa: F401
     outlier_sweep,
     quant_levels,
     scheme_tradeoff,
+)
+from memlab.plot.recompute import (  # noqa: F401
+    accumulation_buffer,
+    accumulation_sweep,
+    checkpoint_costs,
+    checkpoint_curve,
+    flops_over_seq_len,
+)
+from memlab.plot.scaling import (  # noqa: F401
+    scaling_fit,
 )
 from memlab.plot.style import (  # noqa: F401
     CATEGORY_COLORS,

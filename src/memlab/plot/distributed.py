@@ -2,14 +2,13 @@
 timeline, communication per step, per-GPU memory against the number of GPUs, the pipeline's
 bubble, and the throughput model.
 
-Every function takes a result (the dataclass, or the dict a record stores) and returns the
+Every function takes a result dataclass (a record's is ``Record.value()``) and returns the
 ``Figure``; nothing here runs a process or measures.
 """
 
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Mapping
 
 import matplotlib.pyplot as plt
 
@@ -39,11 +38,6 @@ SWEEP_VALUES = {"peak": "peak_bytes", "model_states": "model_state_bytes"}
 MAX_DRAWN_RANKS = 16  # who_holds_what: more rows than this are no longer legible
 
 
-def _get(obj, name: str):
-    """A field of a result dataclass or of the dict a record stores."""
-    return obj[name] if isinstance(obj, Mapping) else getattr(obj, name)
-
-
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
@@ -54,75 +48,75 @@ def _unit(unit: str | None, largest: float) -> tuple[str, int]:
 
 
 def _run(result, strategy: str):
-    runs = _get(result, "runs")
+    runs = result.runs
     for r in runs:
-        if _get(r, "strategy") == strategy:
+        if r.strategy == strategy:
             return r
     raise MemlabError(f"no run of strategy {strategy!r}; accepted: "
-                      + ", ".join(_get(r, "strategy") for r in runs))
+                      + ", ".join(r.strategy for r in runs))
 
 
 def _rank(run, rank: int):
-    ranks = _get(run, "ranks")
+    ranks = run.ranks
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(ranks):
         raise MemlabError(f"rank must be one of 0..{len(ranks) - 1}, got {rank!r}")
     return ranks[rank]
 
 
 def _where(result) -> str:
-    return f"{_get(result, 'backend')}, {_get(result, 'device')}"
+    return f"{result.backend}, {result.device}"
 
 
 def _tick(run) -> str:
-    return textwrap.fill(_get(run, "label"), 16)
+    return textwrap.fill(run.label, 16)
 
 
 def rank_memory(result, rank: int = 0, unit: str | None = None, source: str = "measured",
                 title: str | None = None):
     """One rank's bytes by category, a stacked bar per strategy, with the ZeRO formula's model states and the peak marked (chapter: 6).
 
-    ``result`` is a :class:`memlab.distributed.sharding.DistributedMemory` (or its record's dict).
+    ``result`` is a :class:`memlab.distributed.sharding.DistributedMemory`.
     The parameters are those held between forward and backward (FSDP's gathered ones
     included); the black tick is the formula's model states (parameters + gradients +
     optimizer states), the triangle the rank's peak. ``source`` is how the page names where
     the numbers come from: ``'measured'``, or a record's label (``'recorded on ...'``).
     """
     style()
-    runs = list(_get(result, "runs"))
+    runs = list(result.runs)
     ranks = [_rank(r, rank) for r in runs]
-    tops = [sum(_get(k, f) for f in RANK_CATEGORIES.values()) for k in ranks]
-    largest = max([*tops, *(_get(k, "peak_bytes") for k in ranks),
-                   *(_get(r, "formula_bytes") for r in runs)], default=0)
+    tops = [sum(getattr(k, f) for f in RANK_CATEGORIES.values()) for k in ranks]
+    largest = max([*tops, *(k.peak_bytes for k in ranks),
+                   *(r.formula_bytes for r in runs)], default=0)
     unit, scale = _unit(unit, largest)
     fig, ax = plt.subplots(figsize=(max(7.0, 1.15 * len(runs) + 2.8), 4.4))
     xs = list(range(len(runs)))
     bottom = [0.0] * len(runs)
     for cat, field in RANK_CATEGORIES.items():
-        vals = [_get(k, field) / scale for k in ranks]
+        vals = [getattr(k, field) / scale for k in ranks]
         if not any(vals):
             continue
         ax.bar(xs, vals, bottom=bottom, width=0.7, color=CATEGORY_COLORS[cat],
                label=CATEGORY_LABELS[cat])
         bottom = [a + b for a, b in zip(bottom, vals, strict=True)]
-    forms = [_get(r, "formula_bytes") / scale for r in runs]
+    forms = [r.formula_bytes / scale for r in runs]
     ax.hlines(forms, [x - 0.42 for x in xs], [x + 0.42 for x in xs], color="black", lw=2.2,
               zorder=4, label="formula's model states")
-    peaks = [_get(k, "peak_bytes") / scale for k in ranks]
+    peaks = [k.peak_bytes / scale for k in ranks]
     ax.plot(xs, peaks, linestyle="none", marker="v", markersize=7, color="black", zorder=5,
             label=f"{source.split(' ')[0]} peak")
     for x, k, r, top in zip(xs, ranks, runs, bottom, strict=True):
-        states = sum(_get(k, RANK_CATEGORIES[c]) for c in MODEL_STATE_CATEGORIES)
-        ratio = states / _get(r, "formula_bytes") if _get(r, "formula_bytes") else float("nan")
-        y = max(top, _get(k, "peak_bytes") / scale, _get(r, "formula_bytes") / scale)
+        states = sum(getattr(k, RANK_CATEGORIES[c]) for c in MODEL_STATE_CATEGORIES)
+        ratio = states / r.formula_bytes if r.formula_bytes else float("nan")
+        y = max(top, k.peak_bytes / scale, r.formula_bytes / scale)
         ax.annotate(f"states\n{ratio:.2f}x formula", (x, y), xytext=(0, 5), textcoords="offset points",
                     ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(xs, [f"{_tick(r)}\n{_get(r, 'formula')}" for r in runs], fontsize=7)
+    ax.set_xticks(xs, [f"{_tick(r)}\n{r.formula}" for r in runs], fontsize=7)
     ax.set_ylabel(f"bytes on rank {rank} ({unit})")
     ax.set_ylim(0, largest / scale * 1.25 if largest else 1)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    world = _get(result, "world_size")
+    world = result.world_size
     ax.set_title(title or f"Bytes by strategy on rank {rank} of {_plural(world, 'rank')}, {source}\n"
-                 f"{_get(result, 'parameters'):,} parameters ({_get(result, 'layout')}), "
+                 f"{result.parameters:,} parameters ({result.layout}), "
                  f"{_where(result)}", fontsize=10)
     fig.tight_layout()
     return fig
@@ -154,7 +148,7 @@ def who_holds_what(gpus: int = 4, *, stages=STAGES, layout: str = "mixed",
         held = model_states(n_params, stage, gpus, layout=layout)
         x0 = j * (3 * seg + gap)
         for c, cat in enumerate(MODEL_STATE_CATEGORIES):
-            sharded = _get(held, cat) < per_byte[cat] * n_params
+            sharded = getattr(held, cat) < per_byte[cat] * n_params
             for rank in range(gpus):
                 y = gpus - 1 - rank
                 left = x0 + c * seg
@@ -216,16 +210,16 @@ def gather_timeline(result, strategies=("zero3", "zero2"), unit: str | None = No
     if not runs:
         raise MemlabError("gather_timeline needs at least one strategy")
     for r in runs:
-        if not _get(r, "gather_timeline"):
-            raise MemlabError(f"run {_get(r, 'strategy')!r} has no gather timeline")
-    whole = _get(result, "parameters") * LAYOUTS[_get(result, "layout")][0]
-    largest = max([whole, *(b for r in runs for _, b in _get(r, "gather_timeline"))])
+        if not r.gather_timeline:
+            raise MemlabError(f"run {r.strategy!r} has no gather timeline")
+    whole = result.parameters * LAYOUTS[result.layout][0]
+    largest = max([whole, *(b for r in runs for _, b in r.gather_timeline)])
     unit, scale = _unit(unit, largest)
     fig, axes = plt.subplots(1, len(runs), figsize=(4.6 * len(runs) + 0.6, 3.9), sharey=True,
                              squeeze=False)
     top = largest / scale * 1.2
     for ax, r in zip(axes[0], runs, strict=True):
-        events = list(_get(r, "gather_timeline"))
+        events = list(r.gather_timeline)
         phases = _phases(events)
         start = 0
         for i in range(1, len(events) + 1):
@@ -247,11 +241,11 @@ def gather_timeline(result, strategies=("zero3", "zero2"), unit: str | None = No
         ax.set_xlim(0, len(events))
         ax.set_ylim(0, top)
         ax.set_xlabel("event on rank 0, in order")
-        ax.set_title(_get(r, "label"), fontsize=9)
+        ax.set_title(r.label, fontsize=9)
     axes[0][0].set_ylabel(f"parameters gathered ({unit})")
     axes[0][0].legend(fontsize=7, loc="center")
     fig.suptitle(title or f"Parameters FSDP holds gathered during one step, {source}\n"
-                 f"rank 0 of {_plural(_get(result, 'world_size'), 'rank')} ({_where(result)})",
+                 f"rank 0 of {_plural(result.world_size, 'rank')} ({_where(result)})",
                  fontsize=10)
     fig.tight_layout()
     return fig
@@ -265,29 +259,29 @@ def comm_by_strategy(result, rank: int = 0, unit: str | None = None, source: str
     (:data:`memlab.distributed.comm.VOLUME_FACTOR`); the bars sum to ``comm_volume_bytes``.
     """
     style()
-    runs = list(_get(result, "runs"))
+    runs = list(result.runs)
     ranks = [_rank(r, rank) for r in runs]
-    largest = max([*(_get(k, "comm_volume_bytes") for k in ranks),
-                   *(_get(r, "comm_formula_bytes") for r in runs)], default=0)
+    largest = max([*(k.comm_volume_bytes for k in ranks),
+                   *(r.comm_formula_bytes for r in runs)], default=0)
     unit, scale = _unit(unit, largest)
     fig, ax = plt.subplots(figsize=(max(7.0, 1.15 * len(runs) + 2.8), 4.2))
     xs = list(range(len(runs)))
     bottom = [0.0] * len(runs)
     for c in COLLECTIVES:
-        vals = [VOLUME_FACTOR[c] * _get(k, "comm").get(c, {}).get("bytes", 0) / scale
+        vals = [VOLUME_FACTOR[c] * k.comm.get(c, {}).get("bytes", 0) / scale
                 for k in ranks]
         if not any(vals):
             continue
         ax.bar(xs, vals, bottom=bottom, width=0.7, color=COLLECTIVE_COLORS[c],
                label=c + (f" (x{VOLUME_FACTOR[c]})" if VOLUME_FACTOR[c] != 1 else ""))
         bottom = [a + b for a, b in zip(bottom, vals, strict=True)]
-    forms = [_get(r, "comm_formula_bytes") / scale for r in runs]
+    forms = [r.comm_formula_bytes / scale for r in runs]
     ax.hlines(forms, [x - 0.42 for x in xs], [x + 0.42 for x in xs], color="black", lw=2.2,
               zorder=4, label="formula: 2Ψ or 3Ψ")
-    per_psi = _get(result, "parameters") * LAYOUTS[_get(result, "layout")][0]
+    per_psi = result.parameters * LAYOUTS[result.layout][0]
     for x, k, form, top in zip(xs, ranks, forms, bottom, strict=True):
         factor = form * scale / per_psi if per_psi else 0
-        ratio = f"\nx{_get(k, 'comm_volume_bytes') / (form * scale):.2f}" if form else ""
+        ratio = f"\nx{k.comm_volume_bytes / (form * scale):.2f}" if form else ""
         ax.annotate(f"{factor:.3g}Ψ{ratio}", (x, max(top, form)), xytext=(0, 5),
                     textcoords="offset points", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(xs, [_tick(r) for r in runs], fontsize=7)
@@ -295,7 +289,7 @@ def comm_by_strategy(result, rank: int = 0, unit: str | None = None, source: str
     ax.set_ylim(0, largest / scale * 1.3 if largest else 1)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set_title(title or f"Communication per step by strategy, {source}\nrank {rank} of "
-                 f"{_plural(_get(result, 'world_size'), 'rank')} ({_where(result)})", fontsize=10)
+                 f"{_plural(result.world_size, 'rank')} ({_where(result)})", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -323,12 +317,12 @@ def per_gpu_memory(sweep, what: str = "peak", gpu: str = "A100-80GB", unit: str 
     scale = UNITS[check_choice("unit", unit, UNITS)]
     target = get_gpu(gpu)
     style()
-    models, gpus = list(_get(sweep, "models")), list(_get(sweep, "gpus"))
-    values = _get(sweep, SWEEP_VALUES[what])
+    models, gpus = list(sweep.models), list(sweep.gpus)
+    values = getattr(sweep, SWEEP_VALUES[what])
     fig, axes = plt.subplots(1, len(models), figsize=(3.6 * len(models) + 1.0, 3.9), sharey=True,
                              squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
-        for stage in _get(sweep, "stages"):
+        for stage in sweep.stages:
             ys = [v / scale for v in values[model][stage]]
             ax.loglog(gpus, ys, "o-", base=2, markersize=3.5, color=STAGE_COLORS[stage],
                       label=f"stage {stage}" + (" (DDP)" if stage == 0 else ""))
@@ -336,11 +330,11 @@ def per_gpu_memory(sweep, what: str = "peak", gpu: str = "A100-80GB", unit: str 
                    label=f"{target.name} usable ({to_unit(target.usable_bytes, unit):.1f} {unit})")
         ax.set_yscale("log", base=10)
         _gpu_axis(ax)
-        ax.set_title(f"{model} ({_get(sweep, 'parameters')[model] / 1e9:.1f}B parameters)",
+        ax.set_title(f"{model} ({sweep.parameters[model] / 1e9:.1f}B parameters)",
                      fontsize=9)
     axes[0][0].set_ylabel(f"estimated {what.replace('_', ' ')} per GPU ({unit})")
     axes[0][0].legend(fontsize=7, loc="upper right")
-    s = _get(sweep, "setup")
+    s = sweep.setup
     fig.suptitle(title or f"Estimated per-GPU {what.replace('_', ' ')} against N: "
                  f"{s['precision']}, batch {s['batch_size']} x {s['seq_len']} tokens per GPU"
                  + (", checkpointing" if s["checkpointing"] else "")
@@ -358,36 +352,36 @@ def pipeline_bubble(result, source: str = "measured", title: str | None = None):
     from memlab.distributed.parallel import gpipe_bubble
 
     style()
-    runs = sorted(_get(result, "pp_runs"), key=lambda r: _get(r, "microbatches"))
+    runs = sorted(result.pp_runs, key=lambda r: r.microbatches)
     if not runs:
         raise MemlabError("pipeline_bubble needs a result with at least one pipeline run")
-    ms = [_get(r, "microbatches") for r in runs]
-    p = _get(runs[0], "stages")
+    ms = [r.microbatches for r in runs]
+    p = runs[0].stages
     fig, ax = plt.subplots(figsize=(6.4, 3.9))
     every = list(range(ms[0], ms[-1] + 1))
     ax.semilogx(every, [gpipe_bubble(p, m) for m in every], "--", base=2, color="0.3",
                 label=f"(p - 1)/(m + p - 1), p = {p}")
     for stage in range(p):
-        ax.semilogx(ms, [_get(r, "bubble")[stage] for r in runs], linestyle="none", marker=".",
+        ax.semilogx(ms, [r.bubble[stage] for r in runs], linestyle="none", marker=".",
                     base=2, markersize=7, alpha=0.6, color=f"C{stage + 1}",
                     label=f"{source.split(' ')[0]}, stage {stage}")
-    mean = [sum(_get(r, "bubble")) / len(_get(r, "bubble")) for r in runs]
+    mean = [sum(r.bubble) / len(r.bubble) for r in runs]
     ax.semilogx(ms, mean, "o-", base=2, color="C0", lw=1.8,
                 label=f"{source.split(' ')[0]}, mean of the stages")
     ax.set_xticks(ms, [str(m) for m in ms])
     ax.set_xlabel("micro-batches m")
     ax.set_ylabel("bubble (share of the step idle)")
-    ax.set_ylim(0, max([*mean, *(max(_get(r, "bubble")) for r in runs),
+    ax.set_ylim(0, max([*mean, *(max(r.bubble) for r in runs),
                         gpipe_bubble(p, ms[0])]) * 1.2)
     ax.legend(fontsize=8)
-    cfg, (B, T) = _get(result, "pp_config"), _get(result, "pp_batch")
+    cfg, (B, T) = result.pp_config, result.pp_batch
     ax.set_title(title or f"GPipe's bubble on {p} stages, {source} ({_where(result)}): "
                  f"{cfg['name']}, batch {B} x {T}", fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def _inputs_text(inputs: Mapping) -> str:
+def _inputs_text(inputs: dict) -> str:
     def show(v) -> str:
         if isinstance(v, bool):
             return str(v)
@@ -400,7 +394,7 @@ def _inputs_text(inputs: Mapping) -> str:
     return ", ".join(f"{k} {show(v)}" for k, v in inputs.items())
 
 
-def throughput_scaling(rows, inputs: Mapping | None = None, title: str | None = None):
+def throughput_scaling(rows, inputs: dict | None = None, title: str | None = None):
     """Estimated per-GPU throughput relative to the fewest GPUs, and seconds of compute and communication per step, against N (chapter: 6).
 
     ``rows`` is what :func:`memlab.distributed.commtime.throughput_model` returns (or a dict
@@ -409,21 +403,21 @@ def throughput_scaling(rows, inputs: Mapping | None = None, title: str | None = 
     ``gpus_per_node`` among them, the first N past one node is marked.
     """
     style()
-    curves = dict(rows) if isinstance(rows, Mapping) else {"": list(rows)}
+    curves = dict(rows) if isinstance(rows, dict) else {"": list(rows)}
     if not curves or not all(curves.values()):
         raise MemlabError("throughput_scaling needs at least one row per curve")
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     for i, (label, rs) in enumerate(curves.items()):
-        rs = sorted(rs, key=lambda r: _get(r, "gpus"))
-        ns = [_get(r, "gpus") for r in rs]
+        rs = sorted(rs, key=lambda r: r.gpus)
+        ns = [r.gpus for r in rs]
         color = f"C{i}"
-        ax.plot(ns, [_get(r, "relative") for r in rs], "o-", markersize=3.5, color=color,
+        ax.plot(ns, [r.relative for r in rs], "o-", markersize=3.5, color=color,
                 label=label or "per-GPU throughput")
-        sends = [r for r in rs if _get(r, "comm_s") > 0]  # one GPU sends nothing
-        ax2.plot([_get(r, "gpus") for r in sends], [_get(r, "comm_s") for r in sends], "o-",
+        sends = [r for r in rs if r.comm_s > 0]  # one GPU sends nothing
+        ax2.plot([r.gpus for r in sends], [r.comm_s for r in sends], "o-",
                  markersize=3.5, color=color,
                  label=f"communication{', ' + label if label else ''}")
-        ax2.plot(ns, [_get(r, "compute_s") for r in rs], ":", color=color,
+        ax2.plot(ns, [r.compute_s for r in rs], ":", color=color,
                  label=f"compute{', ' + label if label else ''}")
     node = (inputs or {}).get("gpus_per_node")
     if node:

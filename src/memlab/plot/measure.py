@@ -17,11 +17,21 @@ def _at_peak(d: dict) -> dict:
 
 
 def step_breakdown(results: dict, unit: str = "GiB", title: str | None = None):
-    """Stacked bars of memory by category, one bar per labeled result, total at its end (chapter: 0)."""
+    """Stacked bars of memory by category, one bar per labeled result, total at its end (chapter: 0).
+
+    ``results`` maps a label to a result of a step (a :class:`~memlab.measure.step.StepMemory`,
+    a :class:`~memlab.memory.MemoryEstimate`), drawn at its peak, or to a row of
+    ``<category>_bytes`` fields.
+    """
+    return _category_bars({k: _at_peak(as_dict(v)) for k, v in results.items()}, unit, title)
+
+
+def _category_bars(bars: dict[str, dict], unit: str, title: str | None):
+    """One stacked bar per label from its ``{'<category>_bytes': bytes}``."""
     style()
     scale = UNITS[check_choice("unit", unit, UNITS)]
-    labels = list(results)
-    rows = [_at_peak(as_dict(results[k])) for k in labels]
+    labels = list(bars)
+    rows = [bars[k] for k in labels]
     fig, ax = plt.subplots(figsize=(8.0, 1.2 + 0.55 * len(labels)))
     left = [0.0] * len(labels)
     for cat, color in CATEGORY_COLORS.items():
@@ -50,7 +60,7 @@ def step_phases(step, unit: str | None = None, title: str | None = None):
     rows = {f"{phase} peak": {f"{c}_bytes": v for c, v in cats.items()}
             for phase, cats in d["phase_breakdown"].items()}
     unit = unit or ("GiB" if d["peak_bytes"] >= 2**30 else "MiB")
-    return step_breakdown(rows, unit=unit, title=title)
+    return _category_bars(rows, unit, title)
 
 
 def compare_phases(results: dict, unit: str | None = None, title: str | None = None):
@@ -63,4 +73,4 @@ def compare_phases(results: dict, unit: str | None = None, title: str | None = N
         for phase, cats in d["phase_breakdown"].items():
             rows[f"{label}: {phase}"] = {f"{c}_bytes": v for c, v in cats.items()}
     unit = unit or ("GiB" if peak >= 2**30 else "MiB")
-    return step_breakdown(rows, unit=unit, title=title)
+    return _category_bars(rows, unit, title)

@@ -156,7 +156,7 @@ def memory_by_mode(result, which: str = "large", unit: str | None = None,
     style()
     check_choice("memory", which, ("small", "large"))
     d = as_dict(result)
-    rows = [as_dict(r) for r in (d["memory"] if which == "small" else d["memory_large"])]
+    rows = list(d["memory"] if which == "small" else d["memory_large"])  # asdict made them dicts
     peak = max((r["peak_bytes"] for r in rows), default=0)
     unit = unit or ("GiB" if peak >= 2**30 else "MiB")
     scale = UNITS[check_choice("unit", unit, UNITS)]
@@ -218,7 +218,7 @@ FORMAT_COLORS = {
 def format_ranges(thresholds: dict, title: str | None = None):
     """Log-scale bars per float format: flush-to-zero, subnormal, normal and overflow ranges (chapter: 2).
 
-    ``thresholds`` maps a format name to :class:`memlab.precision.formats.Thresholds` (or its dict).
+    ``thresholds`` maps a format name to :class:`memlab.precision.formats.Thresholds`.
     """
     import math
 

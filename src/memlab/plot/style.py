@@ -6,6 +6,8 @@ import dataclasses
 
 import matplotlib.pyplot as plt
 
+from memlab.errors import MemlabError
+
 # One colour per memory category, used on every page.
 CATEGORY_COLORS = {
     "parameters": "#4C72B0",
@@ -42,6 +44,12 @@ def style() -> None:
 
 
 def as_dict(result) -> dict:
+    """A result dataclass's fields as a dict, nested ones too (chapter: all).
+
+    A figure takes the dataclass an experiment returns (a record's is ``Record.value()``);
+    anything else is a one-line :class:`MemlabError`.
+    """
     if dataclasses.is_dataclass(result) and not isinstance(result, type):
         return dataclasses.asdict(result)
-    return dict(result)
+    raise MemlabError(f"a figure takes a result dataclass (a record's is Record.value()), got "
+                      f"{type(result).__name__}")

@@ -22,7 +22,7 @@ def memory_timeline(timeline, unit: str | None = None, title: str | None = None,
                     x: str = "events"):
     """Stacked bytes by category over one step, the phases shaded, the peak marked (chapter: 0).
 
-    Takes a :class:`memlab.measure.timeline.MemoryTimeline` (or its dict). ``x='events'`` spaces
+    Takes a :class:`memlab.measure.timeline.MemoryTimeline`. ``x='events'`` spaces
     the allocator's events evenly in their order (the same picture on a busy machine);
     ``x='time'`` puts them at their milliseconds. A CUDA snapshot's timeline has one series,
     allocated bytes, and a dashed line for the reserved bytes.

@@ -216,10 +216,9 @@ def c43_evidence() -> dict:
 
     rec = recorded("quant-speed")
     timed = {}
-    if rec is not None and rec.result.get("rows"):
-        for r in rec.result["rows"]:
-            if r["kind"] in ("int8", "llm-int8"):
-                timed.setdefault(r["kind"], {})[r["tokens"]] = r["vs_bf16"]
+    for r in () if rec is None else rec.value().rows:
+        if r.kind in ("int8", "llm-int8"):
+            timed.setdefault(r.kind, {})[r.tokens] = r.vs_bf16
     d = 8192
     roof = {}
     for gpu in CATALOGUE:

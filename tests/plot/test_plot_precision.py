@@ -1,38 +1,13 @@
+"""Chapter 2's figures (memlab.plot.precision): each autocast mode's bytes by phase."""
+
+from dataclasses import dataclass
+
 import matplotlib
 import pytest
 
 matplotlib.use("Agg")
 
 import memlab.plot as mplot  # noqa: E402
-from memlab.measure.step import measure_step  # noqa: E402
-
-
-def test_step_breakdown_draws_one_bar_per_result():
-    step = measure_step("tiny", batch_size=2, seq_len=16)
-    fig = mplot.step_breakdown({"measured": step, "as dict": step.as_dict()}, unit="MiB", title="t")
-    ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["measured", "as dict"]
-    labels = {t.get_text() for t in ax.get_legend().get_texts()}
-    assert {"parameters", "optimizer states"} <= labels
-    assert all(label in mplot.CATEGORY_LABELS.values() for label in labels)
-    widths = {}
-    for patch, label in ((p, c.get_label()) for c in ax.containers for p in c):
-        widths.setdefault(label, []).append(patch.get_width())
-    assert widths["parameters"][0] == step.parameters_bytes / 2**20
-    assert fig.axes[0].get_title() == "t"
-
-
-def test_step_phases_has_one_bar_per_phase_from_a_record_dict():
-    step = measure_step("tiny", batch_size=2, seq_len=16)
-    fig = mplot.step_phases(step.as_dict())
-    ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == [
-        "forward peak", "backward peak", "optimizer peak"
-    ]
-    assert ax.get_xlabel() == "bytes alive (MiB)"
-    totals = [float(t.get_text().split()[0]) for t in ax.texts]
-    expected = [step.phase_peak_bytes[p] / 2**20 for p in ("forward", "backward", "optimizer")]
-    assert totals == [round(e, 2) for e in expected]
 
 
 def _bar_tops(ax):
@@ -45,13 +20,21 @@ def _bar_tops(ax):
     return [tops[x] for x in sorted(tops)], [t.get_text() for t in ax.get_legend().get_texts()]
 
 
+@dataclass(frozen=True)
+class _Modes:
+    """The two fields of a MixedPrecisionResult that memory_by_mode draws."""
+
+    memory: list
+    memory_large: list
+
+
 def test_memory_by_mode_draws_each_phase_up_to_its_peak():
     from memlab.precision.mixed import memory_by_mode
 
     large = memory_by_mode("llama2-7b", batch_size=1, seq_len=2048, how="estimated")
     small = memory_by_mode("tiny", batch_size=2, seq_len=16, device="cpu")
     for which, rows in (("large", large), ("small", small)):
-        fig = mplot.memory_by_mode({"memory": small, "memory_large": large}, which=which)
+        fig = mplot.memory_by_mode(_Modes(small, large), which=which)
         ax = fig.axes[0]
         unit = 2**30 if which == "large" else 2**20
         tops, legend = _bar_tops(ax)
@@ -65,7 +48,7 @@ def test_memory_by_mode_draws_each_phase_up_to_its_peak():
     from memlab.plot.precision import MEMORY_PARTS, memory_phase_parts
 
     no_autocast = [r for r in large if r.mode in ("fp32", "bf16-pure")]
-    fig = mplot.memory_by_mode({"memory": small, "memory_large": no_autocast}, which="large")
+    fig = mplot.memory_by_mode(_Modes(small, no_autocast), which="large")
     _, legend = _bar_tops(fig.axes[0])
     parts = [memory_phase_parts(r.__dict__, p) for r in no_autocast
              for p in ("forward", "backward", "optimizer")]

@@ -37,9 +37,11 @@ def test_memory_timeline_stacks_the_categories_and_marks_the_peak():
     assert ax.get_title() == "t"
 
 
-def test_memory_timeline_in_time_and_from_a_dict_with_reserved_bytes():
+def test_memory_timeline_in_time_with_reserved_bytes():
     tl = _timeline(reserved_bytes=(4 * MiB,) * 4)
-    fig = mplot.memory_timeline(tl.as_dict(), x="time", unit="KiB")
+    with pytest.raises(MemlabError, match="takes a result dataclass"):
+        mplot.memory_timeline(tl.as_dict())
+    fig = mplot.memory_timeline(tl, x="time", unit="KiB")
     ax = fig.axes[0]
     assert ax.get_xlabel() == "time into the step (ms)"
     assert "reserved" in [t.get_text() for t in ax.get_legend().get_texts()]

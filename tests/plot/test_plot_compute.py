@@ -1,4 +1,4 @@
-"""Chapter 7's figures (memlab.plot.compute), each drawn from a small result of memlab.compute."""
+"""Chapter 7's figures (memlab.plot.recompute, .scaling, .planning), each drawn from a small result of memlab.compute."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from memlab.compute.scaling import (  # noqa: E402
     PUBLISHED,
 )
 from memlab.errors import MemlabError  # noqa: E402
-from memlab.plot.compute import HOFFMANN_PARAMS_RANGE_QUOTED  # noqa: E402
+from memlab.plot.scaling import HOFFMANN_PARAMS_RANGE_QUOTED  # noqa: E402
 
 MiB = 2**20
 
@@ -178,8 +178,8 @@ def test_checkpoint_curve_marks_the_plans_and_the_sqrt_plan(curve):
     assert "(estimated)" in ax.get_title() and "(counted)" in ax.get_title()
 
 
-def test_checkpoint_curve_from_a_dict_with_the_backward_peak(curve):
-    fig = mplot.checkpoint_curve(curve.as_dict(), unit="GiB")
+def test_checkpoint_curve_with_the_backward_peak(curve):
+    fig = mplot.checkpoint_curve(curve, unit="GiB")
     ax = fig.axes[0]
     assert ax.get_ylabel() == "backward-phase peak, estimated (GiB)"
     none = {line.get_label(): line for line in ax.lines}["none"]
@@ -192,10 +192,10 @@ def test_checkpoint_curve_rejects_bad_input(curve):
     assert "unknown memory 'activations'; accepted: backward, saved, peak" in one_line(e)
     with pytest.raises(MemlabError) as e:
         mplot.checkpoint_curve(5)
-    assert "curve must be a CheckpointCurve or its as_dict(), got int" in one_line(e)
+    assert "curve must be a CheckpointCurve, got int" in one_line(e)
     with pytest.raises(MemlabError) as e:
-        mplot.checkpoint_curve({"setup": {}, "sqrt_plan": "full"})
-    assert "curve lacks 'rows'" in one_line(e)
+        mplot.checkpoint_curve(curve.as_dict())
+    assert "curve must be a CheckpointCurve, got dict" in one_line(e)
     with pytest.raises(MemlabError) as e:
         mplot.checkpoint_curve(curve, ax="left")
     assert "ax must be a matplotlib Axes or None, got str" in one_line(e)
@@ -218,7 +218,7 @@ def test_checkpoint_costs_draws_bytes_and_ratios():
     assert _legend(ax2) == ["time per step, measured", "FLOPs, counted"]
     assert [t.get_text() for t in ax.get_xticklabels()] == names
     assert "measured" in fig.get_suptitle()
-    whole = mplot.checkpoint_costs(costs.as_dict(), whole=True).axes[1]
+    whole = mplot.checkpoint_costs(costs, whole=True).axes[1]
     heights = [b.get_height() for b in _bars(whole)]  # times, then FLOPs
     assert heights[2] == costs.time_ratio("full", True) != costs.time_ratio("full")
     assert heights[5] == costs.flops_ratio("full", True) != costs.flops_ratio("full")
@@ -234,7 +234,7 @@ def test_checkpoint_costs_rejects_bad_input():
     assert "whole must be True or False" in one_line(e)
     with pytest.raises(MemlabError) as e:
         mplot.checkpoint_costs([costs])
-    assert "costs must be a CheckpointCosts or its as_dict(), got list" in one_line(e)
+    assert "costs must be a CheckpointCosts, got list" in one_line(e)
     fig, ax = plt.subplots()
     with pytest.raises(MemlabError) as e:
         mplot.checkpoint_costs(costs, axes=[ax])
@@ -259,10 +259,9 @@ def test_accumulation_sweep_draws_measured_bars_and_estimated_markers(sweep):
     assert [b.get_height() for b in _bars(ax2)] == [r.ms_per_sample for r in sweep.rows]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["4 x 1", "1 x 4"]
     assert "measured" in ax2.get_ylabel()
-    mplot.accumulation_sweep(sweep.as_dict())
     with pytest.raises(MemlabError) as e:
         mplot.accumulation_sweep(sweep.rows)
-    assert "sweep must be an AccumulationSweep or its as_dict(), got tuple" in one_line(e)
+    assert "sweep must be an AccumulationSweep, got tuple" in one_line(e)
 
 
 def test_accumulation_buffer_leaves_exact_zeros_off_the_log_axis(buffer):
@@ -284,12 +283,12 @@ def test_accumulation_buffer_leaves_exact_zeros_off_the_log_axis(buffer):
     assert f"{buffer.extra_bytes_measured:,} bytes measured" in " ".join(ax.get_title().split())
     with pytest.raises(MemlabError) as e:
         mplot.accumulation_buffer("tiny")
-    assert "buffer must be an AccumulationBuffer or its as_dict(), got str" in one_line(e)
+    assert "buffer must be an AccumulationBuffer, got str" in one_line(e)
 
 
 # 6. Offload ----------------------------------------------------------------------------------
 def test_offload_costs_draws_seconds_and_a_verdict_per_row(table):
-    fig = mplot.offload_costs(table.as_dict())
+    fig = mplot.offload_costs(table)
     ax = fig.axes[0]
     transfer, compute = ax.containers
     moved = [r for r in table.rows if r.transfer_s > 0]
@@ -301,7 +300,7 @@ def test_offload_costs_draws_seconds_and_a_verdict_per_row(table):
     assert ax.get_title().startswith("Offload, estimated")
     with pytest.raises(MemlabError) as e:
         mplot.offload_costs(table.rows[0])
-    assert "table must be an OffloadTable or its as_dict(), got OffloadRow" in one_line(e)
+    assert "table must be an OffloadTable, got OffloadRow" in one_line(e)
 
 
 # 7. The scaling law --------------------------------------------------------------------------
@@ -337,17 +336,15 @@ def test_scaling_fit_draws_the_runs_the_fits_and_the_quoted_laws(grid):
     star = [line for line in ax3.lines if line.get_label() == "Chinchilla (quoted)"][0]
     assert star.get_ydata()[0] == CHINCHILLA_PARAMS_QUOTED
     assert "measured" in fig.get_suptitle()
-    as_dict = mplot.scaling_fit(grid.as_dict())
-    assert [len(a.lines) for a in as_dict.axes] == [len(a.lines) for a in fig.axes]
 
 
 def test_scaling_fit_rejects_bad_input(grid):
     with pytest.raises(MemlabError) as e:
         mplot.scaling_fit(grid.fit_free)
-    assert "grid must be a ScalingGrid or its as_dict(), got ScalingFit" in one_line(e)
+    assert "grid must be a ScalingGrid, got ScalingFit" in one_line(e)
     with pytest.raises(MemlabError) as e:
-        mplot.scaling_fit({"runs": []})
-    assert "grid lacks 'entropy_nats'" in one_line(e)
+        mplot.scaling_fit(grid.as_dict())
+    assert "grid must be a ScalingGrid, got dict" in one_line(e)
     fig, axes = plt.subplots(1, 2)
     with pytest.raises(MemlabError) as e:
         mplot.scaling_fit(grid, axes=axes)
@@ -365,7 +362,6 @@ def test_plan_costs_draws_the_cheapest_rows(plan):
                                                 for r in rows]
     title = " ".join(ax.get_title().split())
     assert f"({plan.usable_bytes / 2**30:.1f} GiB usable)" in title and "estimated" in title
-    assert len(_bars(mplot.plan_costs(plan.as_dict()).axes[0])) == min(12, len(plan.rows))
 
 
 def test_plan_costs_says_when_nothing_fits_and_rejects_bad_input(plan):
@@ -378,7 +374,7 @@ def test_plan_costs_says_when_nothing_fits_and_rejects_bad_input(plan):
     assert "limit must be a positive integer, got 0" in one_line(e)
     with pytest.raises(MemlabError) as e:
         mplot.plan_costs(plan.rows)
-    assert "plan must be a MemoryPlan or its as_dict(), got tuple" in one_line(e)
+    assert "plan must be a MemoryPlan, got tuple" in one_line(e)
 
 
 # 9. Accelerators -----------------------------------------------------------------------------
@@ -404,7 +400,7 @@ def test_accelerators_takes_names_and_rejects_bad_rows():
     assert "unknown accelerator 'B300'" in one_line(e)
     with pytest.raises(MemlabError) as e:
         mplot.accelerators([3.5])
-    assert "accelerator row must be an Accelerator or its as_dict(), got float" in one_line(e)
+    assert "accelerator row must be an Accelerator, got float" in one_line(e)
     with pytest.raises(MemlabError) as e:
         mplot.accelerators([])
     assert "needs at least one row" in one_line(e)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import matplotlib
 
 matplotlib.use("Agg")
@@ -24,15 +22,7 @@ from memlab.distributed.sharding import (  # noqa: E402
 )
 from memlab.errors import MemlabError  # noqa: E402
 from memlab.gpus import get_gpu  # noqa: E402
-from memlab.plot.distributed import (  # noqa: E402
-    comm_by_strategy,
-    gather_timeline,
-    per_gpu_memory,
-    pipeline_bubble,
-    rank_memory,
-    throughput_scaling,
-    who_holds_what,
-)
+from memlab.plot import distributed as dplot  # noqa: E402
 
 N_PARAMS = 1_000_000  # made-up numbers: fp32, 4 ranks
 WORLD = 4
@@ -107,7 +97,7 @@ def _stack_tops(ax) -> dict[int, float]:
 
 
 def test_rank_memory_stacks_four_categories_and_marks_formula_and_peak(memory):
-    fig = rank_memory(memory, unit="MiB")
+    fig = dplot.rank_memory(memory, unit="MiB")
     assert isinstance(fig, Figure)
     ax = fig.axes[0]
     assert len(ax.patches) == 4 * len(memory.runs)  # parameters, gradients, optimizer, activations
@@ -125,17 +115,21 @@ def test_rank_memory_stacks_four_categories_and_marks_formula_and_peak(memory):
     plt.close(fig)
 
 
-def test_rank_memory_takes_a_records_dict_and_refuses_a_bad_rank(memory):
-    fig = rank_memory(dataclasses.asdict(memory), source="recorded on X, 2026-01-01")
+def test_rank_memory_takes_a_records_value_and_refuses_a_bad_rank(memory):
+    from memlab.results import make_record
+
+    stored = make_record("distributed-memory", "ci", memory).value(type(memory))
+    assert stored == memory
+    fig = dplot.rank_memory(stored, source="recorded on X, 2026-01-01")
     assert "recorded on X" in fig.axes[0].get_title()
     plt.close(fig)
     with pytest.raises(MemlabError, match="rank must be one of 0..3"):
-        rank_memory(memory, rank=4)
+        dplot.rank_memory(memory, rank=4)
 
 
 @pytest.mark.parametrize("gpus", [2, 4])
 def test_who_holds_what_draws_a_shard_per_rank_where_the_stage_splits(gpus):
-    fig = who_holds_what(gpus)
+    fig = dplot.who_holds_what(gpus)
     ax = fig.axes[0]
     filled = [p for p in ax.patches if p.get_fill()]
     assert len(filled) == gpus * len(zero.STAGES) * 3
@@ -149,11 +143,11 @@ def test_who_holds_what_draws_a_shard_per_rank_where_the_stage_splits(gpus):
     assert "computed" in ax.get_title()
     plt.close(fig)
     with pytest.raises(MemlabError):
-        who_holds_what(0)
+        dplot.who_holds_what(0)
 
 
 def test_gather_timeline_has_a_step_line_per_strategy_and_shades_the_phases(memory):
-    fig = gather_timeline(memory, unit="MiB")
+    fig = dplot.gather_timeline(memory, unit="MiB")
     assert len(fig.axes) == 2
     for ax, strategy in zip(fig.axes, ("zero3", "zero2"), strict=True):
         events = memory.run(strategy).gather_timeline
@@ -166,11 +160,11 @@ def test_gather_timeline_has_a_step_line_per_strategy_and_shades_the_phases(memo
     assert "measured" in fig.texts[0].get_text()
     plt.close(fig)
     with pytest.raises(MemlabError, match="no run of strategy 'hsdp'"):
-        gather_timeline(memory, strategies=("hsdp",))
+        dplot.gather_timeline(memory, strategies=("hsdp",))
 
 
 def test_comm_by_strategy_splits_the_volume_by_collective(memory):
-    fig = comm_by_strategy(memory, unit="MiB")
+    fig = dplot.comm_by_strategy(memory, unit="MiB")
     ax = fig.axes[0]
     used = {c for r in memory.runs for c in r.ranks[0].comm}
     assert len(ax.patches) == len(used) * len(memory.runs)  # a bar per collective used, each run
@@ -202,7 +196,7 @@ def _sweep() -> GpuSweep:
 @pytest.mark.parametrize("what", ["peak", "model_states"])
 def test_per_gpu_memory_has_a_panel_per_model_and_a_line_per_stage(what):
     sweep = _sweep()
-    fig = per_gpu_memory(sweep, what=what)
+    fig = dplot.per_gpu_memory(sweep, what=what)
     assert len(fig.axes) == 2
     usable = get_gpu("A100-80GB").usable_bytes / 2**30
     for ax, model in zip(fig.axes, sweep.models, strict=True):
@@ -215,7 +209,7 @@ def test_per_gpu_memory_has_a_panel_per_model_and_a_line_per_stage(what):
     assert "Estimated" in fig.texts[0].get_text()
     plt.close(fig)
     with pytest.raises(MemlabError, match="what"):
-        per_gpu_memory(sweep, what="weights")
+        dplot.per_gpu_memory(sweep, what="weights")
 
 
 def test_pipeline_bubble_draws_the_mean_beside_the_formula():
@@ -229,7 +223,7 @@ def test_pipeline_bubble_draws_the_mean_beside_the_formula():
                                    "name": "pp-ci", "n_layer": 4}, pp_batch=(8, 128),
                                pp_runs=(run(8, (0.2, 0.14)), run(4, (0.3, 0.26))),
                                launch_seconds=5.0)
-    fig = pipeline_bubble(result)
+    fig = dplot.pipeline_bubble(result)
     ax = fig.axes[0]
     assert len(ax.lines) == 1 + 2 + 1  # formula, each stage, the mean
     formula, mean = ax.lines[0], ax.lines[-1]
@@ -246,7 +240,7 @@ def test_throughput_scaling_draws_relative_throughput_and_seconds():
                   gpus_per_node=8)
     gpus = [1, 2, 4, 8, 16, 64]
     rows = throughput_model(7_000_000_000, 4096, gpus, stage=3, mfu=0.4)
-    fig = throughput_scaling(rows, inputs=inputs)
+    fig = dplot.throughput_scaling(rows, inputs=inputs)
     ax, ax2 = fig.axes
     curve = [line for line in ax.lines if line.get_label() == "per-GPU throughput"]
     assert len(curve) == 1
@@ -257,6 +251,6 @@ def test_throughput_scaling_draws_relative_throughput_and_seconds():
     both = {"overlapped": rows,
             "not overlapped": throughput_model(7_000_000_000, 4096, gpus, mfu=0.4,
                                                overlap=False)}
-    fig = throughput_scaling(both)
+    fig = dplot.throughput_scaling(both)
     assert len(fig.axes[0].lines) == 2 and len(fig.axes[1].lines) == 4
     plt.close(fig)
