@@ -1,6 +1,7 @@
 import json
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 from memlab.results import load_records, make_record, recorded, save_record
@@ -124,3 +125,19 @@ def test_every_stored_record_is_its_result():
     for path in paths:
         rec = load_record(path)
         assert isinstance(rec.value(), experiments()[rec.experiment].result), path
+
+
+def test_old_byte_names_are_refused_in_one_line():
+    """A record written with the old names of a step's bytes is refused, naming the new one."""
+    from memlab.errors import MemlabError
+    from memlab.measure.step import StepMemory
+    from memlab.memory.estimator import MemoryEstimate, estimate
+    from memlab.results import jsonable, rebuild
+
+    d = jsonable(estimate("tiny", batch_size=1, seq_len=8))
+    assert rebuild(d, MemoryEstimate).peak_bytes == d["peak_bytes"]
+    old = dict(d, weights_bytes=d.pop("parameters_bytes"))
+    with pytest.raises(MemlabError, match="'weights_bytes' is an old name, now 'parameters_bytes'"):
+        rebuild(old, MemoryEstimate)
+    with pytest.raises(MemlabError, match="now 'activations_at_peak_bytes'"):
+        rebuild({"activations_bytes": 1}, StepMemory)

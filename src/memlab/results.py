@@ -380,7 +380,8 @@ def rebuild(value, tp, where: str = "result", lacks=()):
     ``dict[int, ...]`` become ints again and a float written as ``'inf'`` (or NaN, written as
     None) a float. A dataclass field the JSON lacks takes its default, or None where ``lacks``
     names it the way a record's label does (``result.runs[].built_bytes``); keys the dataclass
-    has no field for are ignored.
+    has no field for are ignored, except the old names it lists in ``RENAMED_FIELDS``, which are
+    refused in one line.
     """
     import types
     import typing
@@ -394,6 +395,12 @@ def rebuild(value, tp, where: str = "result", lacks=()):
                     arms[0])
         return rebuild(value, pick, where, lacks)
     if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        renamed = getattr(tp, "RENAMED_FIELDS", {})  # old names a record may still carry
+        old = next((k for k in renamed if k in value), None)
+        if old is not None:
+            raise MemlabError(f"{where}: {old!r} is an old name, now {renamed[old]!r}; accepted "
+                              f"fields of {tp.__name__}: "
+                              f"{', '.join(f.name for f in dataclasses.fields(tp))}")
         hints = typing.get_type_hints(tp)
         kwargs = {}
         for f in dataclasses.fields(tp):

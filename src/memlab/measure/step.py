@@ -18,6 +18,7 @@ import gc
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from functools import partial
+from typing import ClassVar
 
 import torch
 
@@ -71,6 +72,8 @@ class StepMemory:
     device are.
     """
 
+    # Names older memlab wrote for these bytes: a record carrying one is refused in one line.
+    RENAMED_FIELDS: ClassVar[dict[str, str]] = {"activations_bytes": "activations_at_peak_bytes"}
     # The byte fields of every result of a step (memlab.model.step.STEP_BYTES, STYLE.md), as the
     # estimate (memlab.memory.MemoryEstimate) has them: parameters, gradients and optimizer
     # states whole, as the optimizer step holds them; the saved activations at the end of the

@@ -22,6 +22,7 @@ Tests hold this module to the traced step of :mod:`memlab.measure.step` (chapter
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.memory.activations import (
@@ -49,6 +50,9 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bf16-mixed": 2, "fp16-mixed": 2
 class MemoryEstimate:
     """Estimated bytes of a training step (or an inference pass), by category and phase."""
 
+    # Names older memlab wrote for these bytes: a record carrying one is refused in one line.
+    RENAMED_FIELDS: ClassVar[dict[str, str]] = {"weights_bytes": "parameters_bytes", "optimizer_bytes": "optimizer_states_bytes",
+                      "activations_bytes": "saved_activations_bytes"}
     parameters: int  # number of parameters
     # The byte fields of every result of a step (memlab.model.step.STEP_BYTES, STYLE.md), as
     # memlab.measure.step.StepMemory has them: model states whole, saved activations at the end
