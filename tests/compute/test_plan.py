@@ -58,7 +58,7 @@ def test_the_plans_choices_are_held_to_traces(small_plan):
     checked = 0
     for r in small_plan.rows:
         if r.trains == "full" and r.offload == "none" and r.zero_stage in (2, 3) \
-                and not (r.zero_stage == 2 and r.checkpointing):  # see test_dist_estimate
+                and not (r.zero_stage == 2 and r.checkpointing):  # see tests/distributed/test_estimate.py
             t = traced.trace_sharded("gpt2", r.gpus, reshard_after_forward=r.zero_stage == 3,
                                      precision=r.precision, batch_size=r.micro_batch,
                                      seq_len=512, checkpointing=r.checkpointing)
