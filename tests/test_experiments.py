@@ -1,3 +1,5 @@
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -60,3 +62,34 @@ def test_run_experiment_returns_record(tmp_path, monkeypatch):
     result, record, path = ex.run_experiment("step-memory", "ci", tmp_path, command="test")
     assert path.is_file() and record.result["peak_bytes"] == result.peak_bytes
     assert record.provenance["command"] == "test"
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A result that counts the runs before it (kept on disk, so defined where pickle finds it)."""
+
+    scale: str
+    calls: int
+
+
+def test_register_kept_runs_once_and_keeps_under_its_name(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setenv("MEMLAB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("MEMLAB_SCALE", "ci")
+    monkeypatch.setattr(ex, "EXPERIMENTS", dict(ex.EXPERIMENTS))  # the test's entry goes with it
+
+    @ex.register_kept("kept-test", kept_as="_kept_test", chapter="chapters/x", summary="s",
+                      sizes={"ci": {}, "full": {}}, result=Counted, needs="cpu", cost_s=1,
+                      priority=7, gpus=2)
+    def kept_test(scale: str) -> Counted:
+        """A run kept on disk (chapter: 0)."""
+        calls.append(scale)
+        return Counted(scale, len(calls))
+
+    assert kept_test() is kept_test("ci") and kept_test("full").calls == 2 and calls == ["ci", "full"]
+    assert sorted(p.name.split("-")[0] for p in tmp_path.glob("*.pt")) == ["_kept_test"] * 2
+    kept_test.kept.cache_clear()  # a new process: read back from disk, not run again
+    assert kept_test("ci") == Counted("ci", 1) and calls == ["ci", "full"]
+    exp = ex.EXPERIMENTS["kept-test"]
+    assert exp.fn is kept_test and (exp.needs, exp.cost_s, exp.priority, exp.gpus) == ("cpu", 1, 7, 2)
+    assert kept_test.__name__ == "kept_test" and kept_test.__doc__.startswith("A run kept")

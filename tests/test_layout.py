@@ -111,3 +111,19 @@ def test_old_spellings_are_refused_in_one_line(old, new):
 
     with pytest.raises(MemlabError, match=f"unknown (optimizer|scheme) '{old}'; accepted: .*{new}"):
         (make_optimizer(old, [], lr=1e-3) if old == "adamw8bit" else get_scheme(old))
+
+
+MAX_SOURCE_LINES = 800
+# Files over the limit that are being split by topic at the time of writing; take each out of
+# this list when its split lands, so the limit holds for it too.
+BEING_SPLIT = {"interactive/static/estimator.js"}
+
+
+def test_no_source_file_over_800_lines():
+    too_long = []
+    for path in sorted(p for ext in ("py", "js") for p in SRC.rglob(f"*.{ext}")):
+        name = path.relative_to(SRC).as_posix()
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_SOURCE_LINES and name not in BEING_SPLIT:
+            too_long.append(f"{name} ({lines} lines)")
+    assert not too_long, f"over {MAX_SOURCE_LINES} lines: {', '.join(too_long)}"

@@ -29,7 +29,7 @@ import memlab.precision.experiments as ex
 import memlab.quant as quant
 from memlab.claims import verdicts
 from memlab.model.lm import paired_delta
-from memlab.precision import mixed
+from memlab.precision import runs
 from memlab.quant.qat import optimizer_comparison, qat_vs_ptq_ci
 
 pytestmark = pytest.mark.slow  # minutes on 2 CPU cores: the training runs of both chapters
@@ -64,7 +64,7 @@ def _ci_on_the_cpu():
 def mp(_ci_on_the_cpu):
     """The mixed-precision experiment at ci scale, as cell 22 runs it, less the estimated
     Llama-2-7B rows of the memory table (exact, and still checked by nbval in cell 26)."""
-    return mixed.mixed_precision_run(**dict(ex.MIXED_SIZES["ci"], large=None), device="cpu")
+    return runs.mixed_precision_run(**dict(ex.MIXED_SIZES["ci"], large=None), device="cpu")
 
 
 # Cell 23: setting -> (tokens per gradient, fp32 grads fp16 flushes to 0, fp32 grads in fp16's

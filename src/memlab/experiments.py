@@ -101,6 +101,42 @@ def register(name: str, *, chapter: str, summary: str, sizes: dict, result: type
     return wrap
 
 
+def register_kept(name: str, *, kept_as: str,
+                  pick_scale: Callable[[str | None], str] | None = None, **metadata):
+    """Decorator registering an experiment whose run is kept: once per process and on disk (chapter: all).
+
+    The decorated function ``run(scale) -> result`` is the run at a named scale. It is kept
+    with :func:`memlab.results.kept_on_disk` under the name ``kept_as`` in ``run``'s module
+    (the name in the cache's key and file name: one per experiment) and cached per process.
+    The function returned, and registered as ``name`` with ``metadata`` (the keywords of
+    :func:`register`), takes ``scale=None`` and runs the kept run at ``pick_scale(scale)``
+    (:func:`memlab.device.get_scale` by default); it carries ``run``'s name and docstring, and
+    the kept run as its attribute ``kept``.
+    """
+    import functools
+
+    from memlab.results import kept_on_disk
+
+    def wrap(run):
+        def kept(scale: str):
+            return run(scale)
+
+        kept.__module__, kept.__name__, kept.__qualname__ = run.__module__, kept_as, kept_as
+        kept = functools.cache(kept_on_disk(kept))
+
+        def experiment(scale: str | None = None):
+            return kept((pick_scale or get_scale)(scale))
+
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(experiment, attr, getattr(run, attr))
+        experiment.__annotations__ = {"scale": "str | None",
+                                      "return": run.__annotations__.get("return")}
+        experiment.kept = kept
+        return register(name, **metadata)(experiment)
+
+    return wrap
+
+
 def get_experiment(name: str) -> Experiment:
     """Look an experiment up by name; an unknown one is a one-line error (chapter: all)."""
     check_choice("experiment", name, sorted(experiments()))

@@ -29,7 +29,7 @@ class _Modes:
 
 
 def test_memory_by_mode_draws_each_phase_up_to_its_peak():
-    from memlab.precision.mixed import memory_by_mode
+    from memlab.precision.memory import memory_by_mode
 
     large = memory_by_mode("llama2-7b", batch_size=1, seq_len=2048, how="estimated")
     small = memory_by_mode("tiny", batch_size=2, seq_len=16, device="cpu")

@@ -14,7 +14,7 @@ import memlab.plot as mplot  # noqa: E402
 import memlab.precision.experiments as ex  # noqa: E402
 from memlab import claims  # noqa: E402
 from memlab.errors import MemlabError  # noqa: E402
-from memlab.precision import mixed
+from memlab.precision import fp8, memory, modes, runs, speed  # noqa: E402
 from memlab.precision.formats import spec  # noqa: E402
 
 # A small, fast setting: the tiny model with a 128-token vocabulary, 8 steps of 4 x 16 tokens.
@@ -24,12 +24,12 @@ FAST = dict(model="tiny", model_overrides=dict(vocab_size=128), steps=8, batch_s
 
 @pytest.fixture(scope="module")
 def token_mean():
-    return mixed.train_setting("token-mean", **FAST)
+    return runs.train_setting("token-mean", **FAST)
 
 
 @pytest.fixture(scope="module")
 def accumulation():
-    return mixed.train_setting("accumulation", modes=("fp32", "fp16-autocast", "fp16-scaled"),
+    return runs.train_setting("accumulation", modes=("fp32", "fp16-autocast", "fp16-scaled"),
                                loss_divisor=4096, **FAST)
 
 
@@ -50,18 +50,18 @@ def experiment(tmp_path_factory):
 
 
 def test_markov_task_best_loss_is_the_chains_entropy():
-    task = mixed.MarkovTask(128, seed=0)
-    p = torch.tensor(mixed.MarkovTask.PROBS, dtype=torch.float64)
+    task = runs.MarkovTask(128, seed=0)
+    p = torch.tensor(runs.MarkovTask.PROBS, dtype=torch.float64)
     assert task.entropy_nats == pytest.approx(float(-(p * p.log()).sum()))
     x, y = task.sample(256, 32, seed=5)
     assert x.shape == y.shape == (256, 32) and torch.equal(x[:, 1:], y[:, :-1])
     loss, acc = task.optimal(x, y)
     assert loss == pytest.approx(task.entropy_nats, abs=0.02)  # 8,192 transitions
-    assert acc == pytest.approx(max(mixed.MarkovTask.PROBS), abs=0.02)
+    assert acc == pytest.approx(max(runs.MarkovTask.PROBS), abs=0.02)
 
 
 def test_five_modes_give_finite_losses_that_fall(token_mean):
-    assert [r.mode for r in token_mean.runs] == list(mixed.MODES)
+    assert [r.mode for r in token_mean.runs] == list(modes.MODES)
     for r in token_mean.runs:
         assert len(r.loss) == FAST["steps"] and all(x is not None for x in r.loss)
         assert r.loss[-1] < r.loss[0] and r.eval_loss is not None
@@ -78,7 +78,7 @@ def test_fp32_and_bf16_autocast_curves_agree(token_mean):
 def test_gradient_counts_add_up(token_mean):
     for r in token_mean.runs:
         for totals, hist in ((r.act_totals, r.act_grad_hist), (r.param_totals, r.param_grad_hist)):
-            assert len(hist) == len(mixed.HIST_EDGES)
+            assert len(hist) == len(runs.HIST_EDGES)
             assert sum(hist) + totals["zeros"] == totals["values"]  # no inf or NaN here
     fp16_run = token_mean.run("fp16-autocast")  # its activation gradients are fp16 already
     assert fp16_run.act_totals["underflow"] == 0
@@ -97,7 +97,7 @@ def test_unscaled_fp16_loses_gradients_that_the_scaler_keeps(accumulation):
 
 
 def test_grad_scaler_skips_steps_with_inf_gradients():
-    run = mixed.train("fp16-scaled", init_scale=2.0**40, **FAST)
+    run = runs.train("fp16-scaled", init_scale=2.0**40, **FAST)
     assert run.skipped_steps == list(range(FAST["steps"]))  # 2^40 x the loss overflows fp16
     assert run.nonfinite_grad_steps == run.skipped_steps
     assert all(b == a / 2 for a, b in zip(run.scale, run.scale[1:], strict=False))
@@ -105,19 +105,19 @@ def test_grad_scaler_skips_steps_with_inf_gradients():
 
 
 def test_memory_state_bytes_per_param_from_the_measurement():
-    rows = {r.mode: r for r in mixed.memory_by_mode("tiny", batch_size=2, seq_len=16,
+    rows = {r.mode: r for r in memory.memory_by_mode("tiny", batch_size=2, seq_len=16,
                                                     device="cpu")}
-    assert list(rows) == list(mixed.MODES)
+    assert list(rows) == list(modes.MODES)
     for mode in ("fp32", "fp16-autocast", "fp16-scaled", "bf16-autocast"):
         assert rows[mode].state_bytes_per_param == pytest.approx(16, abs=0.01)
     assert rows["bf16-pure"].state_bytes_per_param == pytest.approx(8, abs=0.01)
     assert rows["fp32"].how == "measured" and rows["fp32"].peak_ratio_to_fp32 == 1.0
     # The two fp16 modes hold the same step; the scaler adds its own tensors.
     a, s = rows["fp16-autocast"], rows["fp16-scaled"]
-    assert a.grad_scaler_bytes == 0 and s.grad_scaler_bytes == mixed.grad_scaler_bytes("cpu") > 0
+    assert a.grad_scaler_bytes == 0 and s.grad_scaler_bytes == memory.grad_scaler_bytes("cpu") > 0
     assert s.peak_bytes == a.peak_bytes + s.grad_scaler_bytes
     # The cast cache: one 16-bit copy of every Linear weight, measured from the casts.
-    model = mixed.build_model("tiny")
+    model = memory.build_model("tiny")
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     for mode in ("fp16-autocast", "bf16-autocast"):
         assert rows[mode].weight_cast_cache_bytes == 2 * linear
@@ -135,7 +135,7 @@ def test_gradient_counter_agrees_with_storing_in_fp16():
     x = torch.randn(20_000, generator=g) * torch.exp2(torch.randint(-140, 25, (20_000,),
                                                                   generator=g).float())
     x = torch.cat([torch.tensor(edges), x])
-    counter = mixed._GradCounter(torch.device("cpu"))
+    counter = runs._GradCounter(torch.device("cpu"))
     for part in (x[:5000], x[5000:].half(), x[:3000].bfloat16()):
         counter.add(part)
     counts = counter.end_step()
@@ -146,23 +146,23 @@ def test_gradient_counter_agrees_with_storing_in_fp16():
                 int(((h != 0) & (h.float() < fp16.min_normal)).sum()),
                 int((finite & h.isinf()).sum())]
     assert counts == expected and counter.total == expected
-    e = (torch.frexp(a[nonzero]).exponent - 1).clamp(mixed.HIST_LO, mixed.HIST_HI) - mixed.HIST_LO
-    assert counter.hist.tolist() == torch.bincount(e, minlength=len(mixed.HIST_EDGES)).tolist()
+    e = (torch.frexp(a[nonzero]).exponent - 1).clamp(runs.HIST_LO, runs.HIST_HI) - runs.HIST_LO
+    assert counter.hist.tolist() == torch.bincount(e, minlength=len(runs.HIST_EDGES)).tolist()
 
 
 def test_train_runs_once_per_process_on_the_seeds_task():
-    a, b = mixed.train("fp32", **FAST), mixed.train("fp32", **FAST)
+    a, b = runs.train("fp32", **FAST), runs.train("fp32", **FAST)
     assert a is b
-    task = mixed.MarkovTask(128, seed=0)
-    c = mixed.train("fp32", task=task, **FAST)
+    task = runs.MarkovTask(128, seed=0)
+    c = runs.train("fp32", task=task, **FAST)
     assert c is not a and c.loss == a.loss  # the same run, computed again
 
 
 def test_every_phase_adds_up_to_its_peak_measured_and_estimated():
     from memlab.memory.estimator import estimate
 
-    measured = mixed.memory_by_mode("tiny", batch_size=2, seq_len=16, device="cpu")
-    big = mixed.memory_by_mode("llama2-7b", batch_size=1, seq_len=2048, how="estimated")
+    measured = memory.memory_by_mode("tiny", batch_size=2, seq_len=16, device="cpu")
+    big = memory.memory_by_mode("llama2-7b", batch_size=1, seq_len=2048, how="estimated")
     for r in measured + big:
         assert set(r.phase_breakdown) == {"forward", "backward", "optimizer"}
         for phase, cats in r.phase_breakdown.items():
@@ -183,9 +183,9 @@ def test_every_phase_adds_up_to_its_peak_measured_and_estimated():
 
 
 def test_estimated_weight_cast_cache_is_the_traced_one():
-    est = {r.mode: r for r in mixed.memory_by_mode("tiny", batch_size=2, seq_len=16,
+    est = {r.mode: r for r in memory.memory_by_mode("tiny", batch_size=2, seq_len=16,
                                                    how="estimated")}
-    assert est["bf16-autocast"].weight_cast_cache_bytes == mixed.weight_cast_cache_bytes(
+    assert est["bf16-autocast"].weight_cast_cache_bytes == memory.weight_cast_cache_bytes(
         "tiny", "bf16-mixed") > 0
     assert est["fp32"].weight_cast_cache_bytes == est["bf16-pure"].weight_cast_cache_bytes == 0
 
@@ -193,7 +193,7 @@ def test_estimated_weight_cast_cache_is_the_traced_one():
 def test_autocast_crossover_is_the_first_batch_that_saves():
     from memlab.memory.estimator import estimate
 
-    x = mixed.autocast_crossover("llama2-7b", seq_len=2048)
+    x = memory.autocast_crossover("llama2-7b", seq_len=2048)
     assert x.saved_batch is not None and x.peak_batch is not None
     assert x.saved_batch > 1  # at batch 1 the weight-cast cache outweighs the 16-bit saving
     assert x.saved_tokens == x.saved_batch * 2048 and x.peak_tokens == x.peak_batch * 2048
@@ -208,31 +208,31 @@ def test_autocast_crossover_is_the_first_batch_that_saves():
     assert [r["batch"] for r in x.rows][0] == 1 and x.saved_batch in [r["batch"] for r in x.rows]
     assert x.rows[0]["saved_mixed"] > x.rows[0]["saved_fp32"]
     assert f"from batch {x.saved_batch} " in x.summary()
-    small = mixed.autocast_crossover(mixed.get_config("tiny").to_dict(), seq_len=32, device="cpu")
+    small = memory.autocast_crossover(modes.get_config("tiny").to_dict(), seq_len=32, device="cpu")
     assert small.model == "tiny" and small.device == "cpu"
     with pytest.raises(MemlabError, match="unknown autocast precision 'fp32'; accepted: bf16-mixed"):
-        mixed.autocast_crossover("llama2-7b", seq_len=2048, precision="fp32")
+        memory.autocast_crossover("llama2-7b", seq_len=2048, precision="fp32")
     with pytest.raises(MemlabError, match="unknown how 'guessed'; accepted: measured, traced"):
-        mixed.memory_by_mode("tiny", batch_size=1, seq_len=8, how="guessed")
+        memory.memory_by_mode("tiny", batch_size=1, seq_len=8, how="guessed")
 
 
 def test_bad_mode_names_fail_in_one_line():
     accepted = "accepted: fp32, fp16-autocast, fp16-scaled, bf16-autocast, bf16-pure"
     with pytest.raises(MemlabError, match=f"unknown mixed-precision mode 'fp8'; {accepted}$"):
-        mixed.train("fp8", **FAST)
+        runs.train("fp8", **FAST)
     with pytest.raises(MemlabError, match="unknown mixed-precision mode 'amp'") as info:
-        mixed.memory_by_mode("tiny", batch_size=1, seq_len=8, modes=["fp32", "amp"])
+        memory.memory_by_mode("tiny", batch_size=1, seq_len=8, modes=["fp32", "amp"])
     assert "\n" not in str(info.value)
     with pytest.raises(MemlabError, match="unknown setting 'sum'; accepted: token-mean"):
-        mixed.train_setting("sum", **FAST)
+        runs.train_setting("sum", **FAST)
     with pytest.raises(MemlabError, match="fp8 matmul m must be a multiple of 16, got 100"):
-        mixed.fp8_matmul(100, 128, 128, device="cpu")
+        fp8.fp8_matmul(100, 128, 128, device="cpu")
 
 
 def test_gpu_only_functions_say_not_measurable_on_cpu():
-    times = mixed.step_times("tiny", batch_size=1, seq_len=8, device="cpu")
+    times = speed.step_times("tiny", batch_size=1, seq_len=8, device="cpu")
     assert times.status.startswith("not measurable on cpu: ") and times.rows == []
-    mm = mixed.fp8_matmul(256, 256, 256, device="cpu")
+    mm = fp8.fp8_matmul(256, 256, 256, device="cpu")
     assert mm.status.startswith("not measurable on cpu: ")
     assert mm.fp8_ms is None and mm.fp8_tflops is None and mm.status in mm.table()
 
@@ -252,10 +252,10 @@ def test_experiment_runs_and_serialises(experiment):
     body = json.loads(path.read_text())
     assert body["experiment"] == "mixed-precision" and body["scale"] == "ci"
     settings = {s["name"]: s for s in body["result"]["settings"]}
-    assert set(settings) == set(mixed.SETTINGS)
-    assert [r["mode"] for r in settings["token-mean"]["runs"]] == list(mixed.MODES)
+    assert set(settings) == set(runs.SETTINGS)
+    assert [r["mode"] for r in settings["token-mean"]["runs"]] == list(modes.MODES)
     assert body["result"]["fp16"]["min_subnormal"] == spec("fp16").min_subnormal
-    assert len(body["result"]["memory_large"]) == 2 * len(mixed.MODES)
+    assert len(body["result"]["memory_large"]) == 2 * len(modes.MODES)
     assert body["result"]["step_times"]["status"].startswith("not measurable on cpu")
     assert result.setting("accumulation").loss_divisor == ex.MIXED_SIZES["ci"]["accumulation"]
     assert "fp16 would flush to zero" in result.table()
@@ -292,19 +292,19 @@ def test_plots_return_figures_from_results_and_records(experiment):
 
 def test_gpu_step_and_fp8_operands_work_on_any_device():
     """The pieces the GPU timings call, run on the CPU: one step per mode, the fp8 operands."""
-    cfg = mixed.get_config("tiny", vocab_size=128)
-    for mode in mixed.MODES:
-        assert math.isfinite(float(mixed._step_fn(mode, cfg, 2, 8, 1e-3, torch.device("cpu"))()))
-    a, b, a8, b8, sa, sb = mixed._fp8_operands(64, 48, 32, torch.device("cpu"))
+    cfg = modes.get_config("tiny", vocab_size=128)
+    for mode in modes.MODES:
+        assert math.isfinite(float(speed._step_fn(mode, cfg, 2, 8, 1e-3, torch.device("cpu"))()))
+    a, b, a8, b8, sa, sb = fp8._fp8_operands(64, 48, 32, torch.device("cpu"))
     assert a8.dtype == b8.dtype == torch.float8_e4m3fn and b8.shape == (32, 48)
     assert b8.stride() == (1, 32)  # column-major, as torch._scaled_mm requires
     assert float((a8.float() * sa).sub(a).abs().max()) <= float(a.abs().max()) / 8
     try:
-        c = mixed._fp8_mm(a8, b8, sa, sb)
+        c = fp8._fp8_mm(a8, b8, sa, sb)
     except (RuntimeError, NotImplementedError):
         pytest.skip("this torch build has no CPU kernel for torch._scaled_mm")
     assert c.dtype == torch.bfloat16 and c.shape == (64, 48)
-    assert mixed._rel_error(c, a.double() @ b.double()) < 0.1
+    assert fp8._rel_error(c, a.double() @ b.double()) < 0.1
 
 
 def test_c14_verdict_is_computed_from_training():

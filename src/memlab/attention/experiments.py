@@ -10,8 +10,7 @@ from memlab.attention.gqa import GQA_STEPS, GqaComparison
 from memlab.attention.step import StepComparison
 from memlab.attention.sweep import FlopSweep, MemorySweep, TimeSweep
 from memlab.device import get_scale
-from memlab.experiments import register
-from memlab.results import kept_on_disk
+from memlab.experiments import register, register_kept
 
 _CH4 = "chapters/04_attention"
 
@@ -23,21 +22,15 @@ MEMORY_SIZES = {
 }
 
 
-@functools.cache
-@kept_on_disk
-def _memory(scale: str) -> MemorySweep:
+@register_kept("attention-memory", kept_as="_memory", chapter=_CH4,
+               summary="bytes saved for backward and peak of one causal attention call against "
+                       "T: naive, the book's FlashAttention, each SDPA backend",
+               sizes=MEMORY_SIZES, result=MemorySweep, needs="any", cost_s=60, priority=45)
+def attention_memory_sweep(scale: str) -> MemorySweep:
+    """Saved and peak bytes of every attention implementation against T (chapter: 4)."""
     from memlab.attention.sweep import memory_sweep
 
     return memory_sweep(**MEMORY_SIZES[scale])
-
-
-@register("attention-memory", chapter=_CH4,
-          summary="bytes saved for backward and peak of one causal attention call against T: "
-                  "naive, the book's FlashAttention, each SDPA backend",
-          sizes=MEMORY_SIZES, result=MemorySweep, needs="any", cost_s=60, priority=45)
-def attention_memory_sweep(scale: str | None = None) -> MemorySweep:
-    """Saved and peak bytes of every attention implementation against T (chapter: 4)."""
-    return _memory(get_scale(scale))
 
 
 FLOP_SIZES = {"ci": dict(lengths=(128, 256, 512)), "full": dict(lengths=(128, 256, 512))}
@@ -88,21 +81,16 @@ STEP_SIZES = {
 }
 
 
-@functools.cache
-@kept_on_disk
-def _step(scale: str) -> StepComparison:
+@register_kept("attention-step", kept_as="_step", chapter=_CH4,
+               summary="a training step with eager, SDPA and the book's FlashAttention: a small "
+                       "model measured, Llama-2-7B estimated (and traced at full scale) from 2k to "
+                       "32k tokens",
+               sizes=STEP_SIZES, result=StepComparison, needs="cpu", cost_s=150, priority=230)
+def attention_step(scale: str) -> StepComparison:
+    """Saved activations, attention's share and the peak of a step for each attention (chapter: 4)."""
     from memlab.attention.step import attention_in_step
 
     return attention_in_step(**STEP_SIZES[scale])
-
-
-@register("attention-step", chapter=_CH4,
-          summary="a training step with eager, SDPA and the book's FlashAttention: a small model "
-                  "measured, Llama-2-7B estimated (and traced at full scale) from 2k to 32k tokens",
-          sizes=STEP_SIZES, result=StepComparison, needs="cpu", cost_s=150, priority=230)
-def attention_step(scale: str | None = None) -> StepComparison:
-    """Saved activations, attention's share and the peak of a step for each attention (chapter: 4)."""
-    return _step(get_scale(scale))
 
 
 GQA_SIZES = {scale: dict(steps=GQA_STEPS[scale]) for scale in ("ci", "full")}  # None: the config's

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 from memlab.device import get_scale
 from memlab.distributed.accel import ACCELERATE_SIZES, AccelerateResult
 from memlab.distributed.deepspeed_zero import SIZES as DEEPSPEED_SIZES
@@ -13,8 +11,7 @@ from memlab.distributed.parallel import ParallelismResult
 from memlab.distributed.sharding import DistributedMemory
 from memlab.distributed.traced import TracedGrid
 from memlab.errors import MemlabError
-from memlab.experiments import register
-from memlab.results import kept_on_disk
+from memlab.experiments import register, register_kept
 
 _CH6 = "chapters/06_distributed"
 
@@ -25,9 +22,27 @@ MEMORY_SIZES = {
 }
 
 
-@functools.cache
-@kept_on_disk
-def _memory(scale: str) -> DistributedMemory:
+def _memory_scale(scale: str | None) -> str:
+    """The scale distributed-memory runs at: ``ci`` for the default full scale on fewer than 4 GPUs."""
+    from memlab.distributed.sharding import ranks_for
+
+    if scale is None and get_scale() == "full" and ranks_for(None) < 4:
+        return "ci"
+    return get_scale(scale)
+
+
+@register_kept("distributed-memory", kept_as="_memory", pick_scale=_memory_scale, chapter=_CH6,
+               summary="DDP, ZeRO-1, ZeRO-2, ZeRO-3, hybrid sharding and CPU offload trained on N "
+                       "processes (torchrun; gloo or NCCL): each rank's bytes by category, its "
+                       "peak, the bytes of every collective, and the losses and weights against "
+                       "one process",
+               sizes=MEMORY_SIZES, result=DistributedMemory, needs="any", cost_s=150, priority=60)
+def distributed_memory_experiment(scale: str) -> DistributedMemory:
+    """Every strategy on N ranks, held to the ZeRO formulas and to one process (chapter: 6).
+
+    Sharding needs ranks to shard over: a machine with fewer than 4 GPUs runs the CI sizes on
+    its CPU unless full scale is asked for by name (a run of one rank per GPU, as recorded).
+    """
     from memlab.distributed.sharding import distributed_memory, model_for, ranks_for
 
     size = dict(MEMORY_SIZES[scale])
@@ -35,45 +50,8 @@ def _memory(scale: str) -> DistributedMemory:
                               **size)
 
 
-@register("distributed-memory", chapter=_CH6,
-          summary="DDP, ZeRO-1, ZeRO-2, ZeRO-3, hybrid sharding and CPU offload trained on N "
-                  "processes (torchrun; gloo or NCCL): each rank's bytes by category, its peak, "
-                  "the bytes of every collective, and the losses and weights against one process",
-          sizes=MEMORY_SIZES, result=DistributedMemory, needs="any", cost_s=150, priority=60)
-def distributed_memory_experiment(scale: str | None = None) -> DistributedMemory:
-    """Every strategy on N ranks, held to the ZeRO formulas and to one process (chapter: 6).
-
-    Sharding needs ranks to shard over: a machine with fewer than 4 GPUs runs the CI sizes on
-    its CPU unless full scale is asked for by name (a run of one rank per GPU, as recorded).
-    """
-    from memlab.distributed.sharding import ranks_for
-
-    if scale is None and get_scale() == "full" and ranks_for(None) < 4:
-        return _memory("ci")
-    return _memory(get_scale(scale))
-
-
-@functools.cache
-@kept_on_disk
-def _parallel(scale: str) -> ParallelismResult:
-    from memlab.distributed.parallel import parallelism
-
-    return parallelism(scale)
-
-
-@register("distributed-parallel", chapter=_CH6,
-          summary="tensor parallelism of one block and pipeline parallelism (GPipe) of the model "
-                  "on 2 ranks: the output against one process, each rank's share of the weights, "
-                  "the collectives, and the pipeline's bubble against (p-1)/(m+p-1)",
-          sizes=PARALLEL_SIZES, result=ParallelismResult, needs="any", cost_s=90, priority=62, gpus=2)
-def distributed_parallel(scale: str | None = None) -> ParallelismResult:
-    """Tensor and pipeline parallelism on two ranks, each against one process (chapter: 6).
-
-    Full scale needs a GPU per rank. Asked for by name (``memlab run … --scale full``) on a
-    machine with fewer, it is refused in one line, so no record is labelled full that ran the
-    CPU's sizes; chosen by default (a notebook on one GPU), the CI sizes run on the CPU and
-    the result says so (its device and backend).
-    """
+def _parallel_scale(scale: str | None) -> str:
+    """The scale distributed-parallel runs at: ``ci`` for the default full scale without a GPU per rank."""
     from memlab.distributed.launch import launch_device
     from memlab.distributed.parallel import WORLD
 
@@ -87,7 +65,28 @@ def distributed_parallel(scale: str | None = None) -> ParallelismResult:
                               f"rank; this machine has {have}: use --scale ci for the CPU's "
                               "sizes on gloo")
         chosen = "ci"
-    return _parallel(chosen)
+    return chosen
+
+
+@register_kept("distributed-parallel", kept_as="_parallel", pick_scale=_parallel_scale,
+               chapter=_CH6,
+               summary="tensor parallelism of one block and pipeline parallelism (GPipe) of the "
+                       "model on 2 ranks: the output against one process, each rank's share of "
+                       "the weights, the collectives, and the pipeline's bubble against "
+                       "(p-1)/(m+p-1)",
+               sizes=PARALLEL_SIZES, result=ParallelismResult, needs="any", cost_s=90,
+               priority=62, gpus=2)
+def distributed_parallel(scale: str) -> ParallelismResult:
+    """Tensor and pipeline parallelism on two ranks, each against one process (chapter: 6).
+
+    Full scale needs a GPU per rank. Asked for by name (``memlab run … --scale full``) on a
+    machine with fewer, it is refused in one line, so no record is labelled full that ran the
+    CPU's sizes; chosen by default (a notebook on one GPU), the CI sizes run on the CPU and
+    the result says so (its device and backend).
+    """
+    from memlab.distributed.parallel import parallelism
+
+    return parallelism(scale)
 
 
 TRACED_SIZES = {
@@ -98,22 +97,16 @@ TRACED_SIZES = {
 }
 
 
-@functools.cache
-@kept_on_disk
-def _traced(scale: str) -> TracedGrid:
+@register_kept("distributed-traced", kept_as="_traced", chapter=_CH6,
+               summary="one rank of Llama-2 7B and 70B sharded by FSDP2 over 8 and 64 ranks, "
+                       "traced in one process on fake tensors (a fake process group, "
+                       "FSDPMemTracker), with the estimator's per-GPU peak beside each",
+               sizes=TRACED_SIZES, result=TracedGrid, needs="cpu", cost_s=60, priority=270)
+def distributed_traced(scale: str) -> TracedGrid:
+    """Per-rank peaks of big sharded models, traced and estimated (chapter: 6)."""
     from memlab.distributed.traced import traced_grid
 
     return traced_grid(**TRACED_SIZES[scale])
-
-
-@register("distributed-traced", chapter=_CH6,
-          summary="one rank of Llama-2 7B and 70B sharded by FSDP2 over 8 and 64 ranks, traced in "
-                  "one process on fake tensors (a fake process group, FSDPMemTracker), with the "
-                  "estimator's per-GPU peak beside each",
-          sizes=TRACED_SIZES, result=TracedGrid, needs="cpu", cost_s=60, priority=270)
-def distributed_traced(scale: str | None = None) -> TracedGrid:
-    """Per-rank peaks of big sharded models, traced and estimated (chapter: 6)."""
-    return _traced(get_scale(scale))
 
 
 @register("distributed-deepspeed", chapter=_CH6,

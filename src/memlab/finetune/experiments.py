@@ -3,16 +3,13 @@ long context, FLOPs per step, the reference model with adapters off, and a 20B m
 
 from __future__ import annotations
 
-import functools
-
 from memlab.device import get_scale
-from memlab.experiments import register
+from memlab.experiments import register, register_kept
 from memlab.finetune.compare import STEPS, FinetuneComparison, LrSweep
 from memlab.finetune.cuda_check import CUDA_GRIDS, CudaCheck
 from memlab.finetune.flops import FlopsTable
 from memlab.finetune.plan import ContextSweep, FitTable, TwentyB
 from memlab.finetune.reference import ReferenceResult
-from memlab.results import kept_on_disk
 
 _CH5 = "chapters/05_finetuning"
 
@@ -52,21 +49,15 @@ FIT_SIZES = {
 }
 
 
-@functools.cache
-@kept_on_disk
-def _fit(scale: str) -> FitTable:
+@register_kept("finetune-fit", kept_as="_fit", chapter=_CH5,
+               summary="Llama-2 7B, 13B and 70B with each fine-tuning set-up, checkpointing off "
+                       "and on: estimated peaks (traced at full scale) against the GPU catalogue",
+               sizes=FIT_SIZES, result=FitTable, needs="cpu", cost_s=150, priority=240)
+def finetune_fit(scale: str) -> FitTable:
+    """Which GPU fits which set-up of which model (chapter: 5)."""
     from memlab.finetune.plan import fit_table
 
     return fit_table(**FIT_SIZES[scale])
-
-
-@register("finetune-fit", chapter=_CH5,
-          summary="Llama-2 7B, 13B and 70B with each fine-tuning set-up, checkpointing off and on: "
-                  "estimated peaks (traced at full scale) against the GPU catalogue",
-          sizes=FIT_SIZES, result=FitTable, needs="cpu", cost_s=150, priority=240)
-def finetune_fit(scale: str | None = None) -> FitTable:
-    """Which GPU fits which set-up of which model (chapter: 5)."""
-    return _fit(get_scale(scale))
 
 
 CONTEXT_SIZES = {scale: dict(model="llama2-7b", lengths=(512, 1024, 2048, 4096, 8192, 16384))

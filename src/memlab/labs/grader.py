@@ -416,6 +416,44 @@ def answer_keys_problem(answer: Any, keys: Iterable[str], name: str) -> str | No
     return None
 
 
+def check_each_key(answer: Any, keys: Iterable[str], name: str,
+                   problem: Callable[[str, Any], str], *, counted: bool = True):
+    """Check a dict answer key by key: ``True``, or ``(False, why)`` with one ``'key': why`` per wrong key (chapter: labs).
+
+    The answer must have exactly the keys ``keys`` (named ``name`` in the message), all filled
+    in (:func:`answer_keys_problem`); then ``problem(key, answer[key])`` says why that value is
+    not right, or '' when it is. The wrong keys' lines are joined by '; ', after
+    ``"N of M not right: "`` when ``counted``.
+    """
+    keys = list(keys)
+    why = answer_keys_problem(answer, keys, name)
+    if why:
+        return False, why
+    wrong = [f"{key!r}: {text}" for key in keys if (text := problem(key, answer[key]))]
+    if not wrong:
+        return True
+    return False, (f"{len(wrong)} of {len(keys)} not right: " if counted else "") + "; ".join(wrong)
+
+
+def number_problem(value: Any, expected: float, *, fallback: str, ask: str = "a number",
+                   rtol: float | None = None, slips: Iterable | Callable[[], Iterable] = (),
+                   slip_rtol: float | None = None) -> str:
+    """Why a numeric answer is not ``expected``, or '' when it is (chapter: labs).
+
+    Right is equal to ``expected`` when ``rtol`` is None, else within ``rtol`` of it
+    (:func:`close_to`). A value that is not a number gets ``"answer " + ask``; a wrong one the
+    hint of the slip it matches (:func:`named_slip`, within ``slip_rtol``, by default ``rtol`` or 0),
+    else ``fallback``. ``slips`` may be a function, called only for a wrong answer.
+    """
+    got = answer_number(value)
+    if got is None:
+        return f"answer {ask}"
+    if got == expected if rtol is None else close_to(got, expected, rtol):
+        return ""
+    slips = slips() if callable(slips) else slips
+    return named_slip(got, slips, (rtol or 0.0) if slip_rtol is None else slip_rtol) or fallback
+
+
 def answer_tensor(value: Any):
     """An answer as a torch tensor (float64 unless it is one already), or None if it is not numbers (chapter: labs)."""
     import torch

@@ -12,7 +12,15 @@ from __future__ import annotations
 import torch
 
 from memlab.device import pick_device
-from memlab.labs.grader import answer_keys_problem, answer_number, close_to, define_lab, named_slip
+from memlab.labs.grader import (
+    answer_keys_problem,
+    answer_number,
+    check_each_key,
+    close_to,
+    define_lab,
+    named_slip,
+    number_problem,
+)
 from memlab.measure.peak import measure_peak
 from memlab.measure.step import StepMemory
 from memlab.model.step import PHASES
@@ -80,9 +88,6 @@ def _judge_bytes(answer, expected: float, rtol: float, slips, fallback: str):
 
 def check_temporaries(answer, peaks: dict[str, int], x_bytes: int, rtol: float = PEAK_RTOL):
     """Check the predicted peaks of ``x * 2 + 1`` and ``(x * 2).add_(1)`` against measure_peak (chapter: 0)."""
-    problem = answer_keys_problem(answer, EXPRESSIONS, "EXPRESSIONS")
-    if problem:
-        return False, problem
     slips = {
         "x * 2 + 1": [
             (x_bytes, "x * 2 is a temporary that is still alive while + 1 writes its result: "
@@ -96,17 +101,10 @@ def check_temporaries(answer, peaks: dict[str, int], x_bytes: int, rtol: float =
             (0, "x * 2 still makes a new tensor as large as x; only add_ is in place"),
         ],
     }
-    wrong = []
-    for key, measured in peaks.items():
-        got, why = _bytes_answer(answer[key])
-        if got is None:
-            wrong.append(f"{key!r}: {why}")
-        elif not close_to(got, measured, rtol):
-            hint = named_slip(got, slips.get(key, ()), rtol)
-            wrong.append(f"{key!r}: {hint or 'count the tensors alive at the same moment'}")
-    if not wrong:
-        return True
-    return False, "; ".join(wrong)
+    return check_each_key(answer, EXPRESSIONS, "EXPRESSIONS", lambda key, value: number_problem(
+        value, peaks[key], rtol=rtol, slips=slips.get(key, ()),
+        ask=f"a number of bytes, got {type(value).__name__}",
+        fallback="count the tensors alive at the same moment"), counted=False)
 
 
 def batch_slips(step: StepMemory) -> list[tuple[float, str]]:

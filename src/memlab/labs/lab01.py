@@ -17,9 +17,11 @@ from memlab.gpus import CATALOGUE, fits, get_gpu
 from memlab.labs.grader import (
     answer_keys_problem,
     answer_number,
+    check_each_key,
     close_to,
     define_lab,
     named_slip,
+    number_problem,
 )
 from memlab.measure.step import StepMemory, trace_step
 from memlab.memory.estimator import estimate
@@ -184,30 +186,14 @@ def bpp_slips(name: str, measured: float) -> list[tuple[float, str]]:
 
 def check_bytes_per_parameter(answer, steps: dict, rtol: float = 0.01):
     """Check predicted bytes per parameter of each setup against the measured steps (chapter: 1)."""
-    problem = answer_keys_problem(answer, steps, "SETUPS")
-    if problem:
-        return False, problem
-    wrong = _wrong_per_key(
-        answer, {name: bytes_per_parameter(step) for name, step in steps.items()}, bpp_slips,
-        rtol, ask="a number of bytes",
-        fallback="add the bytes of a weight, its gradient and the optimizer state, in the "
-                 "dtypes this setup keeps them in")
-    if not wrong:
-        return True
-    return False, f"{len(wrong)} of {len(steps)} not right: " + "; ".join(wrong)
+    def problem(name: str, value) -> str:
+        measured = bytes_per_parameter(steps[name])
+        return number_problem(value, measured, rtol=rtol, slips=lambda: bpp_slips(name, measured),
+                              ask="a number of bytes",
+                              fallback="add the bytes of a weight, its gradient and the optimizer "
+                                       "state, in the dtypes this setup keeps them in")
 
-
-def _wrong_per_key(answer, expected: dict, slips, rtol: float, *, ask: str,
-                   fallback: str) -> list[str]:
-    """One line per key whose answer is not within ``rtol`` of ``expected[key]``: the named slip, or ``fallback``."""
-    wrong = []
-    for key, value in expected.items():
-        got = answer_number(answer[key])
-        if got is None:
-            wrong.append(f"{key!r}: answer {ask}")
-        elif not close_to(got, value, rtol):
-            wrong.append(f"{key!r}: {named_slip(got, slips(key, value), rtol) or fallback}")
-    return wrong
+    return check_each_key(answer, steps, "SETUPS", problem)
 
 
 def block_slips(cfg: ModelConfig, batch_size: int, seq_len: int, traced: int,
@@ -270,16 +256,13 @@ def ratio_slips(attention: str, expected: float) -> list[tuple[float, str]]:
 
 def check_ratios(answer, at_t, at_2t, rtol: float = RATIO_RTOL):
     """Check the predicted ratios of one block's activations at 2T over T per attention (chapter: 1)."""
-    problem = answer_keys_problem(answer, at_t, "{'sdpa': ..., 'eager': ...}")
-    if problem:
-        return False, problem
-    wrong = _wrong_per_key(
-        answer, {a: one_block_bytes(at_2t[a]) / one_block_bytes(at_t[a]) for a in at_t},
-        ratio_slips, rtol, ask="a number, a ratio",
-        fallback="which tensors grow like T, which like T squared?")
-    if not wrong:
-        return True
-    return False, "; ".join(wrong)
+    def problem(attention: str, value) -> str:
+        ratio = one_block_bytes(at_2t[attention]) / one_block_bytes(at_t[attention])
+        return number_problem(value, ratio, rtol=rtol, slips=lambda: ratio_slips(attention, ratio),
+                              ask="a number, a ratio",
+                              fallback="which tensors grow like T, which like T squared?")
+
+    return check_each_key(answer, at_t, "{'sdpa': ..., 'eager': ...}", problem, counted=False)
 
 
 def check_gpus(answer, jobs):

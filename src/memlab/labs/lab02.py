@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from memlab.labs.grader import answer_keys_problem, answer_number, close_to, define_lab, named_slip
+from memlab.labs.grader import answer_number, check_each_key, close_to, define_lab, named_slip
 from memlab.precision.formats import decode, round_to, spec, value_kind
 
 # Exercise 2.1: bit patterns to decode by hand, as (format, bit string).
@@ -255,18 +255,11 @@ def check_decode(answer):
 
 def check_predictions(answer):
     """Check a dict of predicted round trips against round_to (chapter: 2)."""
-    problem = answer_keys_problem(answer, CASES, "CASES")
-    if problem:
-        return False, problem
-    wrong = []
-    for key, (x, fmt) in CASES.items():
-        number = answer_number(answer[key])
-        if number is None or not _same(number, round_to(x, fmt)):
-            wrong.append(key)
-    if not wrong:
-        return True
-    return False, f"{len(wrong)} of {len(CASES)} not right: " + "; ".join(
-        f"{key!r}: {RULES[key]}" for key in wrong)
+    def problem(key: str, value) -> str:
+        number = answer_number(value)
+        return "" if number is not None and _same(number, round_to(*CASES[key])) else RULES[key]
+
+    return check_each_key(answer, CASES, "CASES", problem)
 
 
 def share_below(grads: torch.Tensor, threshold: float) -> float:

@@ -16,7 +16,12 @@ from dataclasses import dataclass
 import torch
 
 from memlab.errors import MemlabError
-from memlab.labs.grader import answer_keys_problem, answer_number, define_lab, one_line
+from memlab.labs.grader import (
+    answer_number,
+    check_each_key,
+    define_lab,
+    one_line,
+)
 from memlab.model.config import PRESETS, ModelConfig
 from memlab.precision.formats import spec
 from memlab.quant.functional import (
@@ -506,22 +511,16 @@ def _bits_variants(case: dict) -> list[tuple[float, str]]:
 
 def check_bits(answer):
     """Check predicted bits per parameter for every case of :data:`BITS_CASES` (chapter: 3)."""
-    problem = answer_keys_problem(answer, BITS_CASES, "BITS_CASES")
-    if problem:
-        return False, problem
-    wrong = []
-    for key, case in BITS_CASES.items():
-        got = answer_number(answer[key])
-        expected = bits_per_parameter(**case)
-        if got is not None and _close(got, expected, rtol=1e-4):
-            continue
-        why = next((text for value, text in _bits_variants(case)
-                    if got is not None and _close(got, value, rtol=1e-4)),
-                   "code bits + (scale bits + zero bits) / weights per group")
-        wrong.append(f"{key!r}: {why}")
-    if not wrong:
-        return True
-    return False, f"{len(wrong)} of {len(BITS_CASES)} not right: " + "; ".join(wrong)
+    def problem(key: str, value) -> str:
+        case = BITS_CASES[key]
+        got = answer_number(value)
+        if got is not None and _close(got, bits_per_parameter(**case), rtol=1e-4):
+            return ""
+        return next((text for v, text in _bits_variants(case)
+                     if got is not None and _close(got, v, rtol=1e-4)),
+                    "code bits + (scale bits + zero bits) / weights per group")
+
+    return check_each_key(answer, BITS_CASES, "BITS_CASES", problem)
 
 
 def check_model_gb(answer, rtol: float = GB_RTOL):

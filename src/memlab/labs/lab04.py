@@ -28,12 +28,13 @@ from memlab.dtypes import dtype as to_dtype
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.gpus import get_gpu
 from memlab.labs.grader import (
-    answer_keys_problem,
     answer_number,
     answer_tensor,
+    check_each_key,
     define_lab,
     merged_slips,
     named_slip,
+    number_problem,
     one_line,
 )
 from memlab.memory.estimator import DTYPE_BYTES
@@ -385,21 +386,15 @@ def kv_per_token_slips(key: str, expected: float) -> list[tuple[float, str]]:
 
 def check_kv_per_token(answer):
     """Check predicted KV-cache bytes per token for every case of :data:`KV_CASES` (chapter: 4)."""
-    problem = answer_keys_problem(answer, KV_CASES, "KV_CASES")
-    if problem:
-        return False, problem
-    wrong = []
-    for key, case in KV_CASES.items():
-        got = answer_number(answer[key])
+    def problem(key: str, value) -> str:
+        case = KV_CASES[key]
         expected = kv_bytes_per_token(case["model"], case["kv_precision"])
-        if got is None:
-            wrong.append(f"{key!r}: answer a number of bytes")
-        elif got != expected:
-            hint = named_slip(got, kv_per_token_slips(key, expected), 1e-9)
-            wrong.append(f"{key!r}: {hint or '2 (K and V) x layers x KV heads x head size x bytes per value'}")
-    if not wrong:
-        return True
-    return False, f"{len(wrong)} of {len(KV_CASES)} not right: " + "; ".join(wrong)
+        return number_problem(value, expected, slips=lambda: kv_per_token_slips(key, expected),
+                              slip_rtol=1e-9, ask="a number of bytes",
+                              fallback="2 (K and V) x layers x KV heads x head size x bytes per "
+                                       "value")
+
+    return check_each_key(answer, KV_CASES, "KV_CASES", problem)
 
 
 def context_slips(expected: int) -> list[tuple[float, str]]:

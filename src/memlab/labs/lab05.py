@@ -32,13 +32,14 @@ from memlab.finetune.estimate import (
 from memlab.finetune.lora import ALL_LINEAR, LoraConfig, LoraLinear, lora_forward
 from memlab.gpus import get_gpu
 from memlab.labs.grader import (
-    answer_keys_problem,
     answer_number,
     answer_tensor,
+    check_each_key,
     close_to,
     define_lab,
     merged_slips,
     named_slip,
+    number_problem,
     one_line,
 )
 from memlab.memory.activations import PARAM_BYTES
@@ -155,21 +156,10 @@ def lora_count_slips(key: str) -> list[tuple[float, str]]:
 
 def check_lora_counts(answer):
     """Check the adapter parameters predicted for every case of :data:`LORA_CASES` (chapter: 5)."""
-    problem = answer_keys_problem(answer, LORA_CASES, "LORA_CASES")
-    if problem:
-        return False, problem
-    wrong = []
-    for key in LORA_CASES:
-        got = answer_number(answer[key])
-        expected = lora_count(key)
-        if got is None:
-            wrong.append(f"{key!r}: answer a number of parameters")
-        elif got != expected:
-            hint = named_slip(got, lora_count_slips(key), 1e-9)
-            wrong.append(f"{key!r}: {hint or 'r x (in + out) for each adapted linear of a block, times n_layer'}")
-    if not wrong:
-        return True
-    return False, f"{len(wrong)} of {len(LORA_CASES)} not right: " + "; ".join(wrong)
+    return check_each_key(answer, LORA_CASES, "LORA_CASES", lambda key, value: number_problem(
+        value, lora_count(key), slips=lambda: lora_count_slips(key), slip_rtol=1e-9,
+        ask="a number of parameters",
+        fallback="r x (in + out) for each adapted linear of a block, times n_layer"))
 
 
 # --------------------------------------------------------------- 5.2 the LoRA forward

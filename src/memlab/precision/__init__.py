@@ -1,7 +1,10 @@
 """Part 2, number formats (chapter 2): formats bit by bit, and mixed-precision training measured.
 
-The pieces live in this folder's modules; their public names are re-exported here, so that
-``from memlab.precision import ...`` reaches them. ``experiments.py`` and ``claims.py`` register
+The pieces live in this folder's modules: ``formats`` (formats bit by bit), ``tf32``, and for
+mixed precision ``modes`` (the five modes), ``runs`` (every mode trained, kept on disk, and the
+chapter's experiment), ``memory`` (bytes per mode), ``speed`` (step times per mode) and ``fp8``;
+their public names are re-exported here, so that ``from memlab.precision import ...`` reaches
+them. ``experiments.py`` and ``claims.py`` register
 experiments and verdicts; this package does not import them.
 """
 
@@ -29,28 +32,26 @@ from memlab.precision.formats import (  # noqa: F401
     thresholds_table,
     value_kind,
 )
-from memlab.precision.mixed import (  # noqa: F401
-    EVAL_SEQUENCES,
-    HIST_EDGES,
+from memlab.precision.fp8 import Fp8Matmul, fp8_matmul  # noqa: F401
+from memlab.precision.memory import (  # noqa: F401
     HOWS,
-    MODE_PRECISION,
-    MODES,
-    SETTINGS,
     AutocastCrossover,
-    Fp8Matmul,
-    MixedPrecisionResult,
     ModeMemory,
-    Setting,
-    StepTimeRow,
-    StepTimes,
-    TrainRun,
     autocast_crossover,
-    fp8_matmul,
     grad_scaler_bytes,
     memory_by_mode,
-    mixed_precision_run,
-    step_times,
-    train,
-    train_setting,
     weight_cast_cache_bytes,
 )
+from memlab.precision.modes import MODE_PRECISION, MODES  # noqa: F401
+from memlab.precision.runs import (  # noqa: F401
+    EVAL_SEQUENCES,
+    HIST_EDGES,
+    SETTINGS,
+    MixedPrecisionResult,
+    Setting,
+    TrainRun,
+    mixed_precision_run,
+    train,
+    train_setting,
+)
+from memlab.precision.speed import StepTimeRow, StepTimes, step_times  # noqa: F401

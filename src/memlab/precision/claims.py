@@ -23,7 +23,7 @@ from memlab.precision.formats import (
     storage_bytes,
     thresholds,
 )
-from memlab.precision.mixed import train
+from memlab.precision.runs import train
 
 _CH2 = "chapters/02_number_formats"
 
@@ -288,7 +288,7 @@ def c42_evidence() -> dict:
         if b == 1:
             state = {p: (e.parameters_bytes + e.gradients_bytes + e.optimizer_states_bytes) / n
                      for p, e in est.items()}
-    from memlab.precision.mixed import autocast_crossover
+    from memlab.precision.memory import autocast_crossover
 
     cross = autocast_crossover(cfg, seq_len=S)
     return dict(peaks=rows, state=state, seq_len=S, limit=0.55,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from memlab.device import get_scale
 from memlab.experiments import register
-from memlab.precision.mixed import Fp8Matmul, MixedPrecisionResult, StepTimes
+from memlab.precision.fp8 import Fp8Matmul
+from memlab.precision.runs import MixedPrecisionResult
+from memlab.precision.speed import StepTimes
 from memlab.precision.tf32 import Tf32Matmul
 
 # Mixed-precision training (chapter 2) ----------------------------------------------------------
@@ -32,7 +34,7 @@ MIXED_SIZES = {
 )
 def mixed_precision(scale: str | None = None):
     """Five precision modes trained on the same data: curves, underflow, memory, step times (chapter: 2)."""
-    from memlab.precision.mixed import mixed_precision_run
+    from memlab.precision.runs import mixed_precision_run
 
     return mixed_precision_run(**MIXED_SIZES[get_scale(scale)])
 
@@ -53,7 +55,7 @@ FP8_SIZES = {
 )
 def fp8_matmul(scale: str | None = None):
     """fp8 against bf16 matmul speed and error on this GPU, or a 'not measurable' status (chapter: 2)."""
-    from memlab.precision.mixed import fp8_matmul as run
+    from memlab.precision.fp8 import fp8_matmul as run
 
     return run(**FP8_SIZES[get_scale(scale)])
 
@@ -92,6 +94,6 @@ STEP_TIME_SIZES = {"ci": dict(model="tiny", batch_size=4, seq_len=64, steps=5, w
 )
 def step_times_run(scale: str | None = None) -> StepTimes:
     """Per-mode step times on this GPU, or the reason they cannot be timed here (chapter: 2)."""
-    from memlab.precision.mixed import step_times
+    from memlab.precision.speed import step_times
 
     return step_times(**STEP_TIME_SIZES[get_scale(scale)])
