@@ -5,37 +5,47 @@ allocator's rules and its out-of-memory message, and timing with CUDA events.
 The pieces live in this folder's modules; their public names are re-exported here, so that
 ``from memlab.measure import ...`` reaches them. ``experiments.py`` and ``claims.py`` register
 experiments and verdicts; this package does not import them.
+
+Names are imported on first use (:mod:`memlab._lazy`).
 """
 
-from memlab.measure.allocator import (  # noqa: F401
-    ALLOCATOR_SOURCE,
-    Fragmentation,
-    OutOfMemory,
-    cuda_allocated_size,
-    cuda_block_size,
-    cuda_pool,
-    cuda_segment_size,
-    first_oom,
-    format_size,
-    fragmentation,
-    measure_cuda_blocks,
-    model_state_requests,
-)
-from memlab.measure.peak import METHODS, PeakMemory, measure_peak  # noqa: F401
-from memlab.measure.step import (  # noqa: F401
-    StepMemory,
-    autocast_dtype,
-    default_dtype,
-    measure_step,
-    param_dtype,
-    trace_step,
-)
-from memlab.measure.timeline import (  # noqa: F401
-    MemoryTimeline,
-    measure_timeline,
-    profiler_export_categories,
-)
-from memlab.measure.timing import (  # noqa: F401
-    not_measurable,
-    time_ms,
-)
+from memlab._lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "memlab.measure.allocator": (
+        "ALLOCATOR_SOURCE",
+        "Fragmentation",
+        "OutOfMemory",
+        "cuda_allocated_size",
+        "cuda_block_size",
+        "cuda_pool",
+        "cuda_segment_size",
+        "first_oom",
+        "format_size",
+        "fragmentation",
+        "measure_cuda_blocks",
+        "model_state_requests",
+    ),
+    "memlab.measure.peak": (
+        "METHODS",
+        "PeakMemory",
+        "measure_peak",
+    ),
+    "memlab.measure.step": (
+        "StepMemory",
+        "autocast_dtype",
+        "default_dtype",
+        "measure_step",
+        "param_dtype",
+        "trace_step",
+    ),
+    "memlab.measure.timeline": (
+        "MemoryTimeline",
+        "measure_timeline",
+        "profiler_export_categories",
+    ),
+    "memlab.measure.timing": (
+        "not_measurable",
+        "time_ms",
+    ),
+})

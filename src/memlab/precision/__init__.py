@@ -6,52 +6,68 @@ chapter's experiment), ``memory`` (bytes per mode), ``speed`` (step times per mo
 their public names are re-exported here, so that ``from memlab.precision import ...`` reaches
 them. ``experiments.py`` and ``claims.py`` register
 experiments and verdicts; this package does not import them.
+
+Names are imported on first use (:mod:`memlab._lazy`).
 """
 
-from memlab.precision.formats import (  # noqa: F401
-    FORMATS,
-    PATTERN_FORMATS,
-    BitPattern,
-    FormatSpec,
-    Thresholds,
-    bits,
-    bitsandbytes_functional,
-    codebook,
-    decode,
-    decode_many,
-    int8_cast,
-    parse_value,
-    probe_formats,
-    relative_error,
-    representable,
-    round_to,
-    same_number,
-    spec,
-    storage_bytes,
-    thresholds,
-    thresholds_table,
-    value_kind,
-)
-from memlab.precision.fp8 import Fp8Matmul, fp8_matmul  # noqa: F401
-from memlab.precision.memory import (  # noqa: F401
-    HOWS,
-    AutocastCrossover,
-    ModeMemory,
-    autocast_crossover,
-    grad_scaler_bytes,
-    memory_by_mode,
-    weight_cast_cache_bytes,
-)
-from memlab.precision.modes import MODE_PRECISION, MODES  # noqa: F401
-from memlab.precision.runs import (  # noqa: F401
-    EVAL_SEQUENCES,
-    HIST_EDGES,
-    SETTINGS,
-    MixedPrecisionResult,
-    Setting,
-    TrainRun,
-    mixed_precision_run,
-    train,
-    train_setting,
-)
-from memlab.precision.speed import StepTimeRow, StepTimes, step_times  # noqa: F401
+from memlab._lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "memlab.precision.formats": (
+        "FORMATS",
+        "PATTERN_FORMATS",
+        "BitPattern",
+        "FormatSpec",
+        "Thresholds",
+        "bits",
+        "bitsandbytes_functional",
+        "codebook",
+        "decode",
+        "decode_many",
+        "int8_cast",
+        "parse_value",
+        "probe_formats",
+        "relative_error",
+        "representable",
+        "round_to",
+        "same_number",
+        "spec",
+        "storage_bytes",
+        "thresholds",
+        "thresholds_table",
+        "value_kind",
+    ),
+    "memlab.precision.fp8": (
+        "Fp8Matmul",
+        "fp8_matmul",
+    ),
+    "memlab.precision.memory": (
+        "HOWS",
+        "AutocastCrossover",
+        "ModeMemory",
+        "autocast_crossover",
+        "grad_scaler_bytes",
+        "memory_by_mode",
+        "weight_cast_cache_bytes",
+    ),
+    "memlab.precision.modes": (
+        "MODE_PRECISION",
+        "MODES",
+    ),
+    "memlab.precision.runs": (
+        "EVAL_SEQUENCES",
+        "HIST_EDGES",
+        "SETTINGS",
+        "MixedPrecisionResult",
+        "Setting",
+        "TrainRun",
+        "mixed_precision_run",
+        "train",
+        "train_setting",
+    ),
+    "memlab.precision.speed": (
+        "StepTimeRow",
+        "StepTimes",
+        "step_times",
+    ),
+})
