@@ -90,7 +90,9 @@ def not_judged(statement: str, evidence: str, reason: str, *, claim: str = "") -
 
 
 def sensitivity(decide, ev: dict, key: str, values, describe) -> str:
-    """What ``decide`` says with ``ev[key]`` set to each of ``values``, where that changes the level (chapter: all).
+    """What ``decide`` says with ``ev[key]`` set to each of ``values`` (chapter: all).
+
+    Only values where that changes the level are kept.
 
     ``describe(value)`` names a threshold in words, e.g. ``lambda t: f"a tolerance of {t:.0%}"``.
     Returns e.g. "would be holds with a tolerance of 25% or 50%; the same with a tolerance of 5%".
@@ -107,7 +109,10 @@ def sensitivity(decide, ev: dict, key: str, values, describe) -> str:
 
 
 def with_sensitivity(decide, ev: dict, key: str, values, describe) -> Verdict:
-    """``decide(ev)`` with its sensitivity to ``ev[key]`` stated: "<threshold> here; would be ..." (chapter: all)."""
+    """``decide(ev)`` with its sensitivity to ``ev[key]`` stated (chapter: all).
+
+    The sensitivity reads "<threshold> here; would be ...".
+    """
     v = decide(ev)
     text = sensitivity(decide, ev, key, [x for x in values if x != ev[key]], describe)
     return Verdict(v.claim, v.statement, v.verdict, v.evidence, v.note,
@@ -167,7 +172,9 @@ _COMPUTED: dict[str, Verdict] = {}  # claim -> verdict, computed once per proces
 
 def verdicts(claims: list[str] | None = None, chapter: str | None = None, *,
              fresh: bool = False) -> list[Verdict]:
-    """The verdicts of registered claims, all or some, in claim order; each computed once per process (chapter: all).
+    """The verdicts of registered claims, all or some, in claim order (chapter: all).
+
+    Each is computed once per process.
 
     ``fresh=True`` computes them again (a test that changes a check's evidence uses it).
     """

@@ -79,7 +79,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _print_packages() -> None:
-    """``memlab env --packages``: what a record's provenance will say, and whether bitsandbytes can run here."""
+    """``memlab env --packages``: what a record's provenance will say.
+
+    It also says whether bitsandbytes can run here.
+    """
     from memlab.results import code_provenance
 
     prov = code_provenance()
@@ -478,7 +481,10 @@ def _cmd_sharded(args) -> int:
 
 
 def _finetune_setup(args, cfg):
-    """The set-up (a prepare hook) and the trainable-parameter count of --lora-rank, --freeze, --quantize-base."""
+    """The set-up (a prepare hook) and the trainable-parameter count of the fine-tuning flags.
+
+    The flags are --lora-rank, --freeze and --quantize-base.
+    """
     lora_opts = {"--lora-alpha": args.lora_alpha, "--lora-targets": args.lora_targets,
                  "--quantize-base": args.quantize_base}
     if args.lora_rank is None:

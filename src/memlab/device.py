@@ -193,7 +193,10 @@ def _bf16_supported(device: torch.device) -> bool:
 
 
 def env_report(*, print_report: bool = True, scale: str | None = None) -> EnvReport:
-    """Print and return torch/CUDA versions, the device, its memory and the scale (chapter: every notebook's first cell)."""
+    """Print and return the environment (chapter: every notebook's first cell).
+
+    It gives the torch and CUDA versions, the device, its memory and the scale.
+    """
     device = pick_device()
     report = EnvReport(
         device=device.type,

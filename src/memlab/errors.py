@@ -11,7 +11,10 @@ class MemlabError(ValueError):
 
 
 def check_choice(what: str, value, accepted: Iterable[str]) -> str:
-    """Return ``value`` if it is one of ``accepted``, else raise a one-line :class:`MemlabError` (chapter: all)."""
+    """Return ``value`` if it is one of ``accepted`` (chapter: all).
+
+    Else raise a one-line :class:`MemlabError`.
+    """
     accepted = tuple(accepted)
     if value not in accepted:
         raise MemlabError(f"unknown {what} {value!r}; accepted: {', '.join(accepted)}")
@@ -19,14 +22,20 @@ def check_choice(what: str, value, accepted: Iterable[str]) -> str:
 
 
 def check_positive_int(what: str, value) -> int:
-    """Return ``value`` if it is a positive integer, else raise a one-line :class:`MemlabError` (chapter: all)."""
+    """Return ``value`` if it is a positive integer (chapter: all).
+
+    Else raise a one-line :class:`MemlabError`.
+    """
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise MemlabError(f"{what} must be a positive integer, got {value!r}")
     return value
 
 
 def check_positive_number(what: str, value) -> float:
-    """Return ``value`` as a float if it is a finite positive number, else raise a one-line :class:`MemlabError` (chapter: all)."""
+    """Return ``value`` as a float if it is a finite positive number (chapter: all).
+
+    Else raise a one-line :class:`MemlabError`.
+    """
     import math
     from numbers import Real
 

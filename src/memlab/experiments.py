@@ -42,7 +42,10 @@ class Experiment:
     gpus: int = 1  # GPUs a run on CUDA needs
 
     def run_device(self) -> str:
-        """Where a run of it does its work here: ``cpu`` for a device-independent one, else this process's device."""
+        """Where a run of it does its work here.
+
+        ``cpu`` for a device-independent one, else this process's device.
+        """
         return "cpu" if self.needs == "cpu" else pick_device().type
 
 
@@ -168,7 +171,9 @@ def check_recordable(exp: Experiment) -> None:
 
 def run_experiment(name: str, scale: str | None = None, out: str | Path | None = None,
                    command: str | None = None):
-    """Run an experiment, optionally store its record under ``out``; returns ``(result, record, path)`` (chapter: all).
+    """Run an experiment, optionally store its record under ``out`` (chapter: all).
+
+    It returns ``(result, record, path)``.
 
     The record's device is where the work ran (:meth:`Experiment.run_device`): a
     device-independent experiment run on a GPU machine is a CPU record.

@@ -206,7 +206,10 @@ def fit_table(rows: dict[str, int], gpus=CATALOGUE, headroom_bytes: int = 0):
 
 
 def catalogue_table(gpus=CATALOGUE):
-    """A pandas DataFrame of the catalogue: label, nominal, nvidia-smi total and usable memory, features (chapter: 1)."""
+    """A pandas DataFrame of the catalogue (chapter: 1).
+
+    Label, nominal, nvidia-smi total and usable memory, features.
+    """
     pd = require("pandas", "catalogue_table", extra="notebook")
     rows = {}
     for gpu in (get_gpu(g) for g in gpus):
@@ -229,7 +232,9 @@ TENSOR_CORE_COLUMNS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8", "int4")
 
 
 def tensor_core_table(gpus=CATALOGUE):
-    """A pandas DataFrame: compute capability and, per format, whether tensor cores multiply it (chapter: 2).
+    """A pandas DataFrame of compute capability and tensor-core formats (chapter: 2).
+
+    Per format, whether tensor cores multiply it.
 
     Every format can be *stored* on every GPU (it is bytes); this table is about arithmetic
     at tensor-core rates, from the vendors' datasheets. fp32 is never a tensor-core input: an
@@ -247,7 +252,9 @@ def tensor_core_table(gpus=CATALOGUE):
 def roofline_matmul_s(gpu: str | GPU, tokens: int, d_in: int, d_out: int, *, compute: str,
                       weight_bytes: float, activation_bytes: float = 2.0,
                       out_bytes: float = 2.0) -> float:
-    """Roofline time of y = x W for one layer, seconds: the larger of its FLOPs at the dense peak and its bytes at the bandwidth (chapter: 3).
+    """Roofline time of y = x W for one layer, seconds (chapter: 3).
+
+    The larger of its FLOPs at the dense peak and its bytes at the bandwidth.
 
     ``compute`` is the tensor-core format the multiply runs in; ``weight_bytes`` per weight
     (2 for bf16, 1 for int8, 0.5 for 4-bit codes), ``activation_bytes`` per input value and
@@ -288,7 +295,10 @@ def _compute_bound(gpu, tokens, d_in, d_out, compute, weight_bytes) -> bool:
 
 
 def usage_table(rows: dict[str, int], gpus=CATALOGUE):
-    """A pandas DataFrame: each row's peak over each GPU's usable bytes (above 1 does not fit) (chapter: 1)."""
+    """A pandas DataFrame: each row's peak over each GPU's usable bytes (chapter: 1).
+
+    Above 1 does not fit.
+    """
     pd = require("pandas", "usage_table", extra="notebook")
     if not isinstance(rows, dict) or not rows:
         raise MemlabError(f"rows must be a non-empty dict of label -> peak bytes, got {rows!r}")

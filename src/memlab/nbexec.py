@@ -36,7 +36,10 @@ CELL_MAGIC = re.compile(r"^\s*%%")
 
 
 def cell_source(source: str) -> str | None:
-    """A code cell's text as Python: magics and shell escapes become ``pass``; None for a cell magic (chapter: all)."""
+    """A code cell's text as Python; None for a cell magic (chapter: all).
+
+    Magics and shell escapes become ``pass``.
+    """
     if CELL_MAGIC.match(source):
         return None
     return "\n".join(MAGIC.sub(r"\1pass  # ", line) if MAGIC.match(line) else line

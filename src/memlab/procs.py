@@ -1,4 +1,6 @@
-"""Child processes that can be stopped whole: each in a session of its own, with a time limit (chapter: all).
+"""Child processes that can be stopped whole (chapter: all).
+
+Each in a session of its own, with a time limit.
 
 memlab starts other Python processes for work that needs a fresh process (an allocator
 setting read once at CUDA's start, a sticky CUDA error, a rank of a distributed run, a notebook)

@@ -1,4 +1,6 @@
-"""``memlab record``: one pass that records, on this device, every experiment only it can show (chapter: all).
+"""``memlab record``: one pass that records, on this device (chapter: all).
+
+It records every experiment only this device can show.
 
 GPU time is scarce and comes in one call at a time, so a pass must do the most a reader will
 see first, never overrun, and bring back whatever it finished, whatever happens:
@@ -286,7 +288,9 @@ class _Pass:
 def run_pass(plan: Plan, out: str | Path, *, archive: str | Path | None = None,
              python: str | None = None, command: str = "memlab record",
              archive_limit: int | None = None, echo=print) -> list[PassRow]:
-    """Run a plan: each experiment in a process of its own, the summary and archive kept current (chapter: all).
+    """Run a plan: each experiment in a process of its own (chapter: all).
+
+    The summary and archive are kept current.
 
     Records go to ``out/<experiment>/``, each experiment's output to ``out/logs/<name>.log``;
     ``out/summary.json`` and the archive (default ``out/record-pass.tar.gz``) are rewritten

@@ -1,4 +1,6 @@
-"""``memlab check-records``: every stored record held to the registry, its own hash and the code it names (chapter: all).
+"""``memlab check-records``: every stored record held to the registry (chapter: all).
+
+Also to its own hash and the code it names.
 
 A record under ``results/`` is what a page shows in place of a number this machine cannot
 measure, so it must be what it says it is. For each ``<experiment>/<scale>-<device>.json``:
@@ -130,7 +132,10 @@ def _repo_root() -> Path | None:
 
 @functools.cache
 def commit_source_sha256(commit: str) -> str | None:
-    """:func:`memlab.results.source_sha256` of the library as committed at ``commit``; None if unknown here (chapter: all)."""
+    """:func:`memlab.results.source_sha256` of the library at ``commit`` (chapter: all).
+
+    The library as committed at ``commit``; None if unknown here.
+    """
     root = _repo_root()
     if root is None:
         return None

@@ -104,7 +104,10 @@ def git_state() -> tuple[str | None, bool | None]:
 
 
 def memlab_version() -> str:
-    """memlab's version: the installed distribution's, else the package's own ``__version__`` (chapter: all)."""
+    """memlab's version (chapter: all).
+
+    The installed distribution's, else the package's own ``__version__``.
+    """
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -131,7 +134,10 @@ def package_versions() -> dict[str, str | None]:
 
 
 def code_provenance() -> dict:
-    """Which code this process runs: memlab's version, the commit and whether it was dirty, the source hash, the packages (chapter: all)."""
+    """Which code this process runs (chapter: all).
+
+    memlab's version, the commit and whether it was dirty, the source hash, the packages.
+    """
     commit, dirty = git_state()
     return {
         "python_version": platform.python_version(),
@@ -169,7 +175,9 @@ _JSON_SCALARS = (str, int, float, bool, type(None))
 
 
 def jsonable(obj, where: str = "result"):
-    """``obj`` as JSON-safe Python (chapter: all): dataclasses and dicts by field, tensors and arrays as lists.
+    """``obj`` as JSON-safe Python (chapter: all).
+
+    Dataclasses and dicts by field, tensors and arrays as lists.
 
     Anything else is refused with a one-line :class:`MemlabError` naming where it sits.
     """
@@ -285,12 +293,17 @@ RESULT_TYPES: dict[str, type] = {}  # experiment -> its result dataclass, filled
 
 
 def declare_result_type(experiment: str, tp: type) -> None:
-    """Say which dataclass ``experiment``'s records hold; the registry calls it for each experiment (chapter: all)."""
+    """Say which dataclass ``experiment``'s records hold (chapter: all).
+
+    The registry calls it for each experiment.
+    """
     RESULT_TYPES[experiment] = tp
 
 
 def result_type(experiment: str) -> type:
-    """The result dataclass ``experiment`` declared, found by importing the parts' experiments (chapter: all).
+    """The result dataclass ``experiment`` declared (chapter: all).
+
+    Found by importing the parts' experiments.
 
     The registry (:mod:`memlab.experiments`) declares each experiment's type here when it
     registers it (:func:`declare_result_type`); an experiment not declared yet is looked for
@@ -307,7 +320,10 @@ def result_type(experiment: str) -> type:
 
 
 def result_sha256(result: dict) -> str:
-    """A hash of a record's result as JSON, keys sorted: a number edited later no longer matches (chapter: all)."""
+    """A hash of a record's result as JSON, keys sorted (chapter: all).
+
+    A number edited later no longer matches.
+    """
     text = json.dumps(result, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -331,7 +347,10 @@ def record_name(scale: str, device_name: str) -> str:
 
 
 def save_record(record: Record, out_dir: str | Path | None = None) -> Path:
-    """Write a record to ``<out_dir>/<experiment>/<scale>-<device>.json`` and return the path (chapter: all)."""
+    """Write a record and return the path (chapter: all).
+
+    The record goes to ``<out_dir>/<experiment>/<scale>-<device>.json``.
+    """
     out_dir = Path(out_dir) if out_dir is not None else results_dir()
     dev = record.provenance.get("device_name") or record.provenance.get("device", "device")
     path = out_dir / record.experiment / record_name(record.scale, dev)
@@ -347,7 +366,9 @@ ARTIFACTS_ENV = "MEMLAB_ARTIFACTS_DIR"  # set while an experiment runs for a rec
 
 
 def artifact_path(name: str) -> Path | None:
-    """Where an experiment that is being recorded may write a file beside its record, or None (chapter: all).
+    """Where an experiment being recorded may write a file beside its record (chapter: all).
+
+    None if it may not.
 
     ``memlab run … --out DIR`` sets ``$MEMLAB_ARTIFACTS_DIR`` to ``DIR/<experiment>/``; a file
     written there (a memory snapshot, say) travels with the record (the pass's archive carries
@@ -372,7 +393,9 @@ def awaiting(experiment: str, device: str = "cuda") -> str:
 
 
 def rebuild(value, tp, where: str = "result", lacks=()):
-    """A record's JSON value as the type it was written from: dataclasses, tuples, lists, dicts (chapter: all).
+    """A record's JSON value as the type it was written from (chapter: all).
+
+    Dataclasses, tuples, lists, dicts.
 
     The inverse of :func:`jsonable` for the shapes records hold, so that a page can call a
     result's own methods on a stored record (what :meth:`Record.value` does with the
@@ -431,7 +454,10 @@ def rebuild(value, tp, where: str = "result", lacks=()):
 
 
 def record_file_url(record: Record, name: str) -> str:
-    """The published address of a file kept beside a record in ``results/`` (a snapshot, say) (chapter: all)."""
+    """The published address of a file kept beside a record in ``results/`` (chapter: all).
+
+    A snapshot, say.
+    """
     return f"{REPOSITORY_URL}/raw/main/results/{record.experiment}/{name}"
 
 
@@ -471,7 +497,10 @@ CACHE_DIR_ENV = "MEMLAB_CACHE_DIR"
 
 @functools.cache
 def library_fingerprint() -> str:
-    """A hash of memlab's source (:func:`source_sha256`) and torch's version: what a kept result depends on (chapter: all)."""
+    """A hash of memlab's source (:func:`source_sha256`) and torch's version (chapter: all).
+
+    It is what a kept result depends on.
+    """
     return hashlib.sha256(f"{torch.__version__}|{source_sha256()}".encode()).hexdigest()[:16]
 
 

@@ -1,4 +1,7 @@
-"""Chapter 4's claims (C20, C21, C22, C27): each ``evidence()`` computes the numbers, each ``decide(ev)`` the level."""
+"""Chapter 4's claims (C20, C21, C22, C27).
+
+Each ``evidence()`` computes the numbers, each ``decide(ev)`` the level.
+"""
 
 from __future__ import annotations
 
@@ -56,14 +59,20 @@ def _c20(ev: dict) -> claims.Verdict:
 @claims.register("C20", _CH4, "FlashAttention reduces attention's computational complexity "
                  "from O(n²) to O(n).", evidence=c20_evidence)
 def c20(ev: dict) -> claims.Verdict:
-    """Holds if FlashAttention's counted FLOPs grow like T (within the tolerance of the exponent); caveat if it still does more work than naive; wrong if they grow faster."""
+    """Holds if FlashAttention's counted FLOPs grow like T, within the exponent's tolerance.
+
+    Caveat if it still does more work than naive; wrong if they grow faster.
+    """
     return claims.with_sensitivity(_c20, ev, "tolerance", (0.1, 0.25, 0.5, 1.0),
                                    lambda t: f"an exponent tolerance of {t}")
 
 
 # C21 -------------------------------------------------------------------------------------------
 def c21_evidence() -> dict:
-    """Naive / SDPA-flash peak bytes measured at each T, the quoted reductions, and naive / flash time from a GPU record (chapter: 4)."""
+    """Naive / SDPA-flash peak bytes measured at each T, and the quoted reductions (chapter: 4).
+
+    Also naive / flash time from a GPU record.
+    """
     m = attention_memory_sweep()
     rec = recorded("attention-time", device="cuda")
     speed = None
@@ -114,14 +123,22 @@ def _c21(ev: dict) -> claims.Verdict:
 @claims.register("C21", _CH4, "FlashAttention cuts attention memory by 10 to 20 times and "
                  "speeds it up by 2 to 4 times.", evidence=c21_evidence)
 def c21(ev: dict) -> claims.Verdict:
-    """Holds if the measured peak ratio matches the quoted one at the quoted lengths (within the factor) and a recorded speed-up reaches 2x; caveat if the ratio leaves 10-20x at other lengths or the speed is not recorded; wrong otherwise."""
+    """Holds if the measured peak ratio matches the quoted one and a recorded speed-up reaches 2x.
+
+    The ratio is held to the quoted one at the quoted lengths, within the factor. Caveat if the
+    ratio leaves 10-20x at other lengths or the speed is not recorded; wrong otherwise.
+    """
     return claims.with_sensitivity(_c21, ev, "tolerance", (1.25, 1.5, 2.0, 3.0),
                                    lambda t: f"a factor of {t:g}")
 
 
 # C22 -------------------------------------------------------------------------------------------
 def c22_evidence() -> dict:
-    """KV-cache bytes counted on the cache tensors, saved activations measured, and the longest contexts of Llama-2-7B with and without GQA (chapter: 4)."""
+    """KV-cache bytes, saved activations, and Llama-2-7B's longest contexts (chapter: 4).
+
+    The KV-cache bytes are counted on the cache tensors, the saved activations measured, and the
+    longest contexts of Llama-2-7B found with and without GQA.
+    """
     from dataclasses import replace
 
     from memlab.attention.kv import longest_context
@@ -177,14 +194,20 @@ def _c22(ev: dict) -> claims.Verdict:
 @claims.register("C22", _CH4, "Grouped-query attention reduces memory by sharing keys and "
                  "values across query heads.", evidence=c22_evidence)
 def c22(ev: dict) -> claims.Verdict:
-    """Holds if the counted KV cache shrinks by the group size and training activations with it; caveat if only the cache does; wrong if the cache does not shrink."""
+    """Holds if the counted KV cache shrinks by the group size and training activations with it.
+
+    Caveat if only the cache does; wrong if the cache does not shrink.
+    """
     return claims.with_sensitivity(_c22, ev, "barely", (0.01, 0.05, 0.1),
                                    lambda t: f"'barely' as less than {t:.0%}")
 
 
 # C27 -------------------------------------------------------------------------------------------
 def c27_evidence() -> dict:
-    """A block compiled against eager: kernels, saved bytes, time, compile time, from the newest record (chapter: 4)."""
+    """A block compiled against eager, from the newest record (chapter: 4).
+
+    It gives kernels, saved bytes, time and compile time.
+    """
     rec = recorded("fusion-block", device="cuda") or recorded("fusion-block", device="cpu",
                                                                scale=None)
     r = None if rec is None else rec.value()
@@ -201,7 +224,11 @@ def c27_evidence() -> dict:
 @claims.register("C27", _CH4, "Fusing kernels reduces overhead and speeds training up.",
                  evidence=c27_evidence)
 def c27(ev: dict) -> claims.Verdict:
-    """Holds if fusion cut kernels and the step is faster; caveat if not measurably faster or a run shorter than the limit loses to the compile time; wrong if no fewer kernels or slower."""
+    """Holds if fusion cut kernels and the step is faster.
+
+    Caveat if not measurably faster or a run shorter than the limit loses to the compile time; wrong
+    if no fewer kernels or slower.
+    """
     if ev["record"] is None:
         return _c27(ev)
     return claims.with_sensitivity(_c27, ev, "break_even_limit", (100, 1000, 100_000),

@@ -102,7 +102,10 @@ class FusionComparison:
 
     @property
     def kernel_ratio(self) -> float | None:
-        """Eager kernels / compiled kernels per step: how many launches fusion removed, as a factor (chapter: 4)."""
+        """Eager kernels / compiled kernels per step (chapter: 4).
+
+        How many launches fusion removed, as a factor.
+        """
         return self._ratio(self.eager_kernels, self.compiled_kernels)
 
     @property
@@ -156,7 +159,10 @@ def cpp_compiler() -> str | None:
 
 
 def compile_backend(device: torch.device) -> tuple[str | None, str]:
-    """What Inductor compiles with on ``device`` and ``"measured"``, or None and why it cannot (chapter: 4)."""
+    """What Inductor compiles with on ``device`` and ``"measured"`` (chapter: 4).
+
+    None and why where it cannot compile.
+    """
     if device.type == "cpu":
         cxx = cpp_compiler()
         if cxx is None:
@@ -183,7 +189,9 @@ def _aten_packet(name: str):
 
 @functools.cache
 def writes_values(name: str) -> bool:
-    """Whether a profiler event named ``name`` can run a kernel: an Inductor kernel, or an aten operator that writes a tensor (chapter: 4).
+    """Whether a profiler event named ``name`` can run a kernel (chapter: 4).
+
+    That is an Inductor kernel, or an aten operator that writes a tensor.
 
     An aten operator writes values when some overload returns a tensor that is new or written
     in place; views, aliases (``t``, ``view``, ``resolve_conj``), allocations (``empty``,
@@ -207,7 +215,10 @@ def writes_values(name: str) -> bool:
 
 @functools.cache
 def has_cpu_kernel(name: str) -> bool:
-    """Whether some overload of the aten operator ``name`` has a kernel of its own for the CPU, not only a composition of other operators (chapter: 4)."""
+    """Whether some overload of the aten operator ``name`` has a CPU kernel of its own (chapter: 4).
+
+    A kernel of its own, not only a composition of other operators.
+    """
     packet = _aten_packet(name)
     if packet is None:
         return False
@@ -277,7 +288,10 @@ def count_kernels(fn: Callable[[], object], device=None) -> dict[str, int]:
 
 
 def is_generated(name: str) -> bool:
-    """Whether a kernel name is one Inductor generated (a fused kernel) rather than a library call (chapter: 4)."""
+    """Whether a kernel name is one Inductor generated (chapter: 4).
+
+    That is a fused kernel rather than a library call.
+    """
     return "cpp_fused" in name or name.startswith("triton_")
 
 

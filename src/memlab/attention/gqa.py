@@ -62,13 +62,19 @@ def kind_of(n_kv_head: int, n_head: int) -> str:
 
 
 def kv_head_choices(n_head: int) -> tuple[int, ...]:
-    """Every n_kv_head a model with ``n_head`` query heads accepts: its divisors, largest first (chapter: 4)."""
+    """Every n_kv_head a model with ``n_head`` query heads accepts (chapter: 4).
+
+    They are its divisors, largest first.
+    """
     check_positive_int("n_head", n_head)
     return tuple(d for d in range(n_head, 0, -1) if n_head % d == 0)
 
 
 def check_kv_heads(n_kv_head, n_head: int) -> int:
-    """``n_kv_head`` if it divides ``n_head``, else a one-line :class:`MemlabError` naming the accepted ones (chapter: 4)."""
+    """``n_kv_head`` if it divides ``n_head`` (chapter: 4).
+
+    Else a one-line :class:`MemlabError` naming the accepted ones.
+    """
     accepted = kv_head_choices(n_head)
     if isinstance(n_kv_head, bool) or not isinstance(n_kv_head, int) or n_kv_head not in accepted:
         raise MemlabError(f"n_kv_head {n_kv_head!r} must divide n_head {n_head}; accepted: "
@@ -127,7 +133,10 @@ class GqaComparison:
                           + ", ".join(str(r.n_kv_head) for r in self.rows))
 
     def best_within(self, kv_bytes_per_token: int) -> GqaRow | None:
-        """The variant of least held-out loss whose KV cache fits ``kv_bytes_per_token``; None if none (chapter: 4)."""
+        """The least-loss variant whose KV cache fits ``kv_bytes_per_token`` (chapter: 4).
+
+        The variant of least held-out loss; None if none fits.
+        """
         if isinstance(kv_bytes_per_token, bool) or not isinstance(kv_bytes_per_token, (int, float)) \
                 or not kv_bytes_per_token >= 0:
             raise MemlabError(f"kv_bytes_per_token must be a non-negative number of bytes, got "
@@ -136,7 +145,10 @@ class GqaComparison:
         return min(fits, key=lambda r: r.loss) if fits else None
 
     def frame(self):
-        """One row per variant: parameters, KV bytes, saved activations, held-out loss vs MHA with 2 SE, as a DataFrame (chapter: 4)."""
+        """One row per variant, as a DataFrame (chapter: 4).
+
+        Each row has parameters, KV bytes, saved activations, and held-out loss vs MHA with 2 SE.
+        """
         import pandas as pd
 
         rows = []
@@ -170,7 +182,9 @@ class GqaComparison:
 def gqa_comparison(scale: str | None = None, *, config: LMConfig | None = None,
                    kv_heads=None, steps: int | None = None, kv_precision: str = "fp32",
                    device=None) -> GqaComparison:
-    """Train the book's model once per n_kv_head: parameters, KV-cache bytes, saved activations and held-out loss vs MHA (chapter: 4).
+    """Train the book's model once per n_kv_head (chapter: 4).
+
+    Each run gives parameters, KV-cache bytes, saved activations and held-out loss vs MHA.
 
     ``kv_heads`` (default: every divisor of ``n_head``) lists the variants; MHA
     (``n_kv_head = n_head``) is always trained, as the reference of the paired differences.

@@ -33,7 +33,9 @@ def tokens_where_cache_equals_weights(model: ModelConfig | str, *, precision: st
 def longest_context(model: ModelConfig | str, gpu: str | GPU, *, batch_size: int = 1,
                     precision: str = "bf16", kv_precision: str | None = None,
                     new_tokens: int = 1) -> int:
-    """Longest context (prompt + generated tokens) whose estimated generation peak fits the GPU's usable memory; 0 if none (chapter: 4).
+    """Longest context whose estimated generation peak fits the GPU's usable memory (chapter: 4).
+
+    The context is prompt + generated tokens; 0 if none fits.
 
     Capped at the model's ``max_seq_len``.
     """

@@ -62,7 +62,9 @@ def attend(impl: str, q, k, v):
 
 
 def saved_storage_bytes(fn, exclude=()) -> int:
-    """Bytes of the tensors autograd saves for backward during ``fn()``, each storage once, those of ``exclude`` left out (chapter: 4).
+    """Bytes of the tensors autograd saves for backward during ``fn()`` (chapter: 4).
+
+    Each storage is counted once, and those of ``exclude`` are left out.
 
     One storage saved under two shapes (a tensor and its view) counts once.
     """

@@ -18,7 +18,7 @@ from memlab.model.config import ATTENTION_IMPLS, ModelConfig, get_config
 
 @dataclass(frozen=True)
 class StepRow:
-    """One attention at one length: saved activations, attention's share of them, and the peak (chapter: 4)."""
+    """One attention at one length: saved activations, their attention share, the peak (chapter: 4)."""
 
     model: str
     attention: str
@@ -74,7 +74,9 @@ def attention_in_step(small: str | ModelConfig = "tiny", small_lengths=(128, 512
                       large_lengths=(2048, 4096, 8192, 16384, 32768), *, traced_lengths=(),
                       batch_size: int = 1, precision: str = "bf16-mixed",
                       attentions=ATTENTION_IMPLS) -> StepComparison:
-    """Training steps with each attention: ``small`` measured on the CPU, ``large`` estimated and traced at ``traced_lengths`` (chapter: 4).
+    """Training steps with each attention (chapter: 4).
+
+    ``small`` is measured on the CPU, ``large`` estimated and traced at ``traced_lengths``.
 
     The large preset's ``max_seq_len`` is raised to the longest length asked (a context
     extension: the shapes are the model's, the positions are more).

@@ -63,7 +63,10 @@ def _lengths(name, lengths) -> tuple[int, ...]:
 def memory_sweep(lengths=(256, 512, 1024, 2048, 4096, 8192), *, flash_lengths=None,
                  impls=IMPLS, batch_size: int = 1, n_head: int = 1, head_size: int = 64,
                  dtype: str = "fp32", device=None) -> MemorySweep:
-    """:func:`attention_memory` for every implementation at every T; the Python-level tiled loop only up to ``flash_lengths`` (chapter: 4)."""
+    """:func:`attention_memory` for every implementation at every T (chapter: 4).
+
+    The Python-level tiled loop runs only up to ``flash_lengths``.
+    """
     lengths = _lengths("lengths", lengths)
     flash_lengths = lengths if flash_lengths is None else _lengths("flash_lengths", flash_lengths)
     for impl in impls:
@@ -140,7 +143,10 @@ FLOP_IMPLS = ("naive", "flash", "sdpa-math", "sdpa-flash")
 
 def flop_sweep(lengths=(256, 512, 1024), *, impls=FLOP_IMPLS, batch_size: int = 1,
                n_head: int = 1, head_size: int = 64, causal: bool = False) -> FlopSweep:
-    """Forward and backward FLOPs by ``FlopCounterMode`` for each implementation and T, on the CPU (chapter: 4)."""
+    """Forward and backward FLOPs for each implementation and T, on the CPU (chapter: 4).
+
+    They are counted by ``FlopCounterMode``.
+    """
     from memlab.model.flash import flash_attention, naive_attention
 
     lengths = _lengths("lengths", lengths)
@@ -183,7 +189,10 @@ class TimeRow:
 def time_sweep(lengths=(256, 512, 1024), *, impls=IMPLS, batch_size: int = 1, n_head: int = 1,
                head_size: int = 64, dtype: str = "fp32", repeats: int = 3,
                device=None) -> TimeSweep:
-    """Forward + backward time of each implementation at each T on this device, median of ``repeats`` (chapter: 4)."""
+    """Forward + backward time of each implementation at each T on this device (chapter: 4).
+
+    Each time is the median of ``repeats``.
+    """
     lengths = _lengths("lengths", lengths)
     check_positive_int("repeats", repeats)
     dev = pick_device(device)
@@ -211,7 +220,9 @@ def time_sweep(lengths=(256, 512, 1024), *, impls=IMPLS, batch_size: int = 1, n_
 
 def traffic_rows(lengths=(256, 1024, 4096, 16384), *, head_size: int = 64,
                  sram_elements=(16384, 65536, 262144)) -> list[dict]:
-    """Elements moved per head by the standard algorithm and by the tiled forward with query blocks of M / 4d rows, beside T^2 d^2 / M (chapter: 4).
+    """Elements moved per head by the standard algorithm and the tiled forward (chapter: 4).
+
+    The tiled forward uses query blocks of M / 4d rows; both are set beside T^2 d^2 / M.
 
     The paper's bound needs the outer loop's blocks as large as fast memory allows (M / 4d
     rows, its B_c); this module's loop has the queries outside, so they get that size.

@@ -90,7 +90,10 @@ def divisors(n: int) -> tuple[int, ...]:
 # 1. Peak and time per sample against the micro-batch size ----------------------------------
 @dataclass(frozen=True)
 class AccumulationRow:
-    """One micro-batch size of a sweep: peak bytes measured and estimated, ms per sample measured (chapter: 7)."""
+    """One micro-batch size of a sweep (chapter: 7).
+
+    It holds peak bytes measured and estimated, and ms per sample measured.
+    """
 
     micro_batch: int  # samples per forward/backward pass
     grad_accum_steps: int  # micro-batches per optimizer step (global batch / micro_batch)
@@ -108,7 +111,10 @@ class AccumulationRow:
 
 @dataclass(frozen=True)
 class AccumulationSweep:
-    """Peak bytes and ms per sample of a training step at several micro-batch sizes of one global batch (chapter: 7)."""
+    """Peak bytes and ms per sample of a training step at several micro-batch sizes (chapter: 7).
+
+    Every micro-batch size splits one global batch.
+    """
 
     model: str
     parameters: int
@@ -123,7 +129,10 @@ class AccumulationSweep:
         return asdict(self)
 
     def table_rows(self) -> list[dict]:
-        """One row per micro-batch for a page's table: the peak measured and over the estimate, time per sample (chapter: 7)."""
+        """One row per micro-batch for a page's table (chapter: 7).
+
+        Each row has the peak measured and over the estimate, and the time per sample.
+        """
         return [dict(micro_batch=r.micro_batch, steps=r.grad_accum_steps,
                      peak_MiB_measured=round(r.measured_peak_bytes / 2**20, 3),
                      measured_over_estimated=round(r.measured_over_estimated, 3),
@@ -164,7 +173,9 @@ def _check_micro_batches(global_batch: int, micro_batches) -> tuple[int, ...]:
 def accumulated_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                      idx: torch.Tensor, targets: torch.Tensor, grad_accum_steps: int, *,
                      precision: str = "fp32", scale_loss: bool = True) -> float:
-    """One optimizer step over ``idx`` split into ``grad_accum_steps`` micro-batches; the mean loss, nats (chapter: 7).
+    """One optimizer step over ``idx`` split into ``grad_accum_steps`` micro-batches (chapter: 7).
+
+    It returns the mean loss, nats.
 
     Each micro-batch's loss is divided by ``grad_accum_steps`` before its backward pass
     (``scale_loss=False`` leaves it out, the classic slip), so the gradients that add up in
@@ -275,7 +286,9 @@ def gamma(n: int, u: float = FP32_UNIT_ROUNDOFF) -> float:
 def accumulated_update(model: ModelConfig | str = "tiny", *, global_batch: int = 8,
                        micro_batches: int = 4, seq_len: int = 32, lr: float = 1e-2,
                        scale_loss: bool = True, seed: int = 0, device=None) -> UpdateCheck:
-    """Max abs and relative weight difference between a whole-batch step and k accumulated micro-batches, fp32 SGD (chapter: 7).
+    """Max abs and relative weight difference of a whole-batch step and accumulation (chapter: 7).
+
+    The whole-batch step is held to k accumulated micro-batches, with fp32 SGD.
 
     Both copies start from the same fp32 weights and see the same ``global_batch`` samples; the
     second runs :func:`accumulated_step` with ``micro_batches`` = k. Plain SGD makes the weight
@@ -352,7 +365,10 @@ class BufferRow:
 
 @dataclass(frozen=True)
 class AccumulationBuffer:
-    """Bytes an fp32 gradient-accumulation buffer costs and the errors it saves, bf16 parameters (chapter: 7)."""
+    """Bytes an fp32 gradient-accumulation buffer costs and the errors it saves (chapter: 7).
+
+    The parameters are bf16.
+    """
 
     model: str
     trainable_parameters: int
@@ -391,7 +407,10 @@ def accumulation_buffer(model: ModelConfig | str = "tiny", *,
                         micro_batches: Sequence[int] = (1, 2, 4, 8, 16),
                         micro_batch_size: int = 1, seq_len: int = 32, seed: int = 0,
                         device=None) -> AccumulationBuffer:
-    """Bytes of an fp32 main_grad buffer (counted, measured) and the error of bf16 vs fp32 accumulation over k micro-batches (chapter: 7).
+    """Bytes of an fp32 main_grad buffer and the error of bf16 accumulation (chapter: 7).
+
+    The buffer's bytes are counted and measured; bf16 accumulation is held to fp32 over k
+    micro-batches.
 
     The model's parameters are bf16. For each k, the first k micro-batches (losses divided by
     k) run twice from the same weights: once letting autograd add each new gradient into the
@@ -462,7 +481,10 @@ def accumulation_buffer(model: ModelConfig | str = "tiny", *,
 # 4. The experiment ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AccumulationExperiment:
-    """The accumulation experiment: the sweep, the update check (with and without 1/k), the fp32 buffer (chapter: 7)."""
+    """The accumulation experiment (chapter: 7).
+
+    It holds the sweep, the update check (with and without 1/k) and the fp32 buffer.
+    """
 
     scale: str
     device: str
@@ -477,7 +499,9 @@ class AccumulationExperiment:
 
 
 def accumulation_experiment(scale: str | None = None, device=None) -> AccumulationExperiment:
-    """Gradient accumulation measured on the book's model: peaks, time per sample, the same update, the fp32 buffer (chapter: 7).
+    """Gradient accumulation measured on the book's model (chapter: 7).
+
+    It measures peaks, time per sample, the same update and the fp32 buffer.
 
     Sizes by scale (:data:`ACCUMULATION_SIZES`): ``ci`` the ``tiny`` preset in seconds on a
     2-core CPU, ``full`` GPT-2 small on a GPU.

@@ -1,4 +1,6 @@
-"""What activation checkpointing buys and what it costs: bytes saved against FLOPs and time added (chapter 7).
+"""What activation checkpointing buys and what it costs (chapter 7).
+
+Bytes saved are set against FLOPs and time added.
 
 Two views of the same plans (:mod:`memlab.model.checkpoint`):
 
@@ -50,7 +52,10 @@ class PlanRow:
 
 @dataclass(frozen=True)
 class CheckpointCurve:
-    """Every plan of one step: saved bytes, peak and FLOPs, with Chen et al.'s sqrt(n) plan named (chapter: 7)."""
+    """Every plan of one step: saved bytes, peak and FLOPs (chapter: 7).
+
+    Chen et al.'s sqrt(n) plan is named.
+    """
 
     setup: dict
     rows: tuple[PlanRow, ...]
@@ -90,7 +95,10 @@ class CheckpointCurve:
 
 
 def curve_plans(n_layer: int, ks=None) -> tuple[Checkpointing, ...]:
-    """none, selective, full, then every-K and segments-K for each K (2 up to L by default) and the sqrt(n) plan (chapter: 7)."""
+    """none, selective, full, every-K and segments-K for each K, and sqrt(n) (chapter: 7).
+
+    K goes from 2 up to L by default; the last plan is Chen et al.'s sqrt(n) plan.
+    """
     if ks is None:
         ks = sorted({k for k in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if k < n_layer}
                     | {n_layer})
@@ -196,7 +204,10 @@ class CheckpointCosts:
                     plans=[p.as_dict() for p in self.plans])
 
     def table_rows(self) -> list[dict]:
-        """One row per plan for a page's table: bytes measured and estimated, FLOPs and time against none (chapter: 7)."""
+        """One row per plan for a page's table (chapter: 7).
+
+        Each row has bytes measured and estimated, and FLOPs and time against none.
+        """
         return [dict(plan=p.plan, saved_MiB=round(p.saved_bytes / 2**20, 2),
                      saved_estimated_over_measured=round(p.estimated_saved_bytes / p.saved_bytes, 3),
                      peak_MiB=round(p.peak_bytes / 2**20, 2),
@@ -272,7 +283,9 @@ def _time_plans(spec: StepSpec, dev, keys, repeats: int) -> dict:
 
 
 def checkpointing_costs(scale: str | None = None, device=None, *, plans=None) -> CheckpointCosts:
-    """Each plan of the book's model stepped for real here: bytes, counted FLOPs, time per step (chapter: 7).
+    """Each plan of the book's model stepped for real here (chapter: 7).
+
+    It gives bytes, counted FLOPs and time per step.
 
     The steps are timed side by side: one model is built, then each round times one step of
     every plan (the model's plan switched between them; the checkpoint's early stop on and

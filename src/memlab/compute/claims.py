@@ -1,4 +1,7 @@
-"""Chapter 7's claims (C40, C44): each ``evidence()`` computes the numbers, each ``decide(ev)`` the level."""
+"""Chapter 7's claims (C40, C44).
+
+Each ``evidence()`` computes the numbers, each ``decide(ev)`` the level.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +31,11 @@ C40_SEQ_LENS = (2048, 8192, 32768)
 
 
 def c40_evidence() -> dict:
-    """The counted FLOPs of a training step against 6ND for four presets at three lengths, the tokens per parameter each quoted fit implies at Chinchilla's budget, and the grid fitted here (chapter: 7)."""
+    """A training step's counted FLOPs against 6ND, and Chinchilla's fits with a refit (chapter: 7).
+
+    The counted FLOPs are held to 6ND for four presets at three lengths. It also gives the tokens
+    per parameter each quoted fit implies at Chinchilla's budget, and the grid fitted here.
+    """
     ratios = {}
     for name in C40_MODELS:
         cfg = get_config(name)
@@ -97,14 +104,23 @@ def _c40(ev: dict) -> claims.Verdict:
                  "(about 20 tokens per parameter; training compute of about 6 x parameters x "
                  "tokens).", evidence=c40_evidence)
 def c40(ev: dict) -> claims.Verdict:
-    """Holds if the refit's tokens per parameter is in ``about``, its N exponent in ``together``, and 6ND is within ``within`` of the counted FLOPs at the shortest length; caveat if 6ND misses at longer lengths or the two quoted fits disagree; wrong otherwise."""
+    """Holds if the refit matches the quoted fits and 6ND is close to the counted FLOPs.
+
+    The refit's tokens per parameter must be in ``about`` and its N exponent in ``together``, and
+    6ND within ``within`` of the counted FLOPs at the shortest length. Caveat if 6ND misses at
+    longer lengths or the two quoted fits disagree; wrong otherwise.
+    """
     return claims.with_sensitivity(_c40, ev, "within", (0.05, 0.1, 0.25),
                                    lambda t: f"6ND within {t:.0%}")
 
 
 # C44 -------------------------------------------------------------------------------------------
 def c44_evidence() -> dict:
-    """Each plan's saved bytes (estimated, held to the trace) and FLOPs (the counter's count) for Llama-2-7B with SDPA and eager attention, and the plans' time measured here (chapter: 7)."""
+    """Each plan's saved bytes and FLOPs for Llama-2-7B, and the plans' time (chapter: 7).
+
+    Saved bytes are estimated and held to the trace, FLOPs are the counter's count, with SDPA and
+    eager attention; the plans' time is measured here.
+    """
     curves = {}
     for attention in ("sdpa", "eager"):
         c = checkpointing_curve(C44_STEP["model"], batch_size=C44_STEP["batch_size"],
@@ -155,6 +171,10 @@ def _c44(ev: dict) -> claims.Verdict:
 @claims.register("C44", _CH7, "Activation checkpointing saves memory at no cost.",
                  evidence=c44_evidence)
 def c44(ev: dict) -> claims.Verdict:
-    """Holds if some plan removes at least ``substantial`` of the saved activations for at most ``nearly_free`` more FLOPs, with a caveat unless full checkpointing does; wrong if none does."""
+    """Holds if some plan removes ``substantial`` of the saved activations at little FLOPs cost.
+
+    Little means at most ``nearly_free`` more FLOPs. A caveat unless full checkpointing does; wrong
+    if none does.
+    """
     return claims.with_sensitivity(_c44, ev, "nearly_free", (0.01, 0.05, 0.1),
                                    lambda t: f"'no cost' read as at most {t:.0%} more FLOPs")

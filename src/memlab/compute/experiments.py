@@ -1,4 +1,8 @@
-"""Chapter 7's experiments: checkpointing, accumulation, offload and MFU measured on this device, and a scaling law fitted on models trained here."""
+"""Chapter 7's experiments, measured on this device.
+
+Checkpointing, accumulation, offload and MFU are measured, and a scaling law is fitted on models
+trained here.
+"""
 
 from __future__ import annotations
 
@@ -49,7 +53,10 @@ MFU_SIZES = {
 
 @dataclass(frozen=True)
 class MFURun:
-    """A large matmul's tried peak and a training step's MFU against it (and, on a GPU, the datasheet's) (chapter: 7)."""
+    """A large matmul's tried peak and a training step's MFU against it (chapter: 7).
+
+    On a GPU, MFU is also given against the datasheet's peak.
+    """
 
     scale: str
     peak: TriedPeak
@@ -89,7 +96,10 @@ OFFLOAD_SIZES = {
 
 @dataclass(frozen=True)
 class OffloadRun:
-    """The from-scratch offloaded AdamW's GPU bytes and host traffic, and a paged optimizer's, on this device (chapter: 7)."""
+    """GPU bytes and host traffic of the from-scratch offloaded AdamW (chapter: 7).
+
+    A paged optimizer's are given beside them, on this device.
+    """
 
     scale: str
     offload: OffloadMeasurement

@@ -1,4 +1,6 @@
-"""FLOPs of a training step, from the config: the count PyTorch's counter makes, term by term (chapter 7).
+"""FLOPs of a training step, from the config (chapter 7).
+
+This is the count PyTorch's counter makes, term by term.
 
 ``torch.utils.flop_counter.FlopCounterMode`` counts matrix multiplies and attention, nothing
 elementwise. :func:`step_flops` writes that count down from the shapes, so it can be set beside

@@ -1,4 +1,6 @@
-"""The scaling grid: the book's models trained for several run lengths and fitted by :mod:`memlab.compute.scaling` (chapter 7).
+"""The scaling grid: the book's models trained for several run lengths (chapter 7).
+
+The runs are fitted by :mod:`memlab.compute.scaling`.
 
 The book's task has what natural text lacks: its best possible loss is known exactly (the
 entropy of :class:`memlab.model.tasks.MarkovTask`). :func:`scaling_grid` trains a grid of the

@@ -58,7 +58,9 @@ MEMORY_UNITS = ("GiB", "GB")
 # The table ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Accelerator:
-    """One accelerator for training: quoted memory, bandwidth and dense peaks, with derived columns (chapter: 7).
+    """One accelerator for training (chapter: 7).
+
+    Its quoted memory, bandwidth and dense peaks, with derived columns.
 
     Quoted fields carry the figure as the source writes it (``*_quoted``) beside the number in
     bytes or operations per second. ``memory_unit`` says what the label's "GB" means
@@ -118,7 +120,10 @@ class Accelerator:
 
     @property
     def adam_mixed_parameters(self) -> int:
-        """Parameters whose mixed-precision AdamW model states (ADAM_MIXED_BYTES each) fill the memory (chapter: 7)."""
+        """Parameters whose mixed-precision AdamW model states fill the memory (chapter: 7).
+
+        Each parameter takes ADAM_MIXED_BYTES.
+        """
         return self.memory_bytes // ADAM_MIXED_BYTES
 
     @property
@@ -307,7 +312,10 @@ MATMUL_TARGET_S = {"cuda": 0.05, "other": 0.02}
 
 @dataclass(frozen=True)
 class TriedPeak:
-    """FLOP/s of an n x n by n x n matmul (2 n^3 FLOPs) timed on this device: tried, not quoted (chapter: 7)."""
+    """FLOP/s of an n x n by n x n matmul timed on this device (chapter: 7).
+
+    The matmul does 2 n^3 FLOPs; the result is tried, not quoted.
+    """
 
     device: str  # 'cuda' | 'mps' | 'cpu'
     device_name: str
@@ -435,7 +443,9 @@ class StepTime:
 
 def time_train_step(config_or_spec: StepSpec | ModelConfig | str, *, device=None,
                     repeats: int = 5, warmup: int = 2, seed: int = 0, **switches) -> StepTime:
-    """Milliseconds of one training step (forward, lm_loss, backward, optimizer step) timed with time_ms (chapter: 7).
+    """Milliseconds of one training step, timed with time_ms (chapter: 7).
+
+    The step is the forward, lm_loss, the backward and the optimizer step.
 
     Takes a :class:`StepSpec`, or a config (or preset name) and the spec's switches, as
     :func:`memlab.measure.step.measure_step` does: the same step chapters 0 and 1 measure,
@@ -496,7 +506,10 @@ _GPU_PATTERNS = (
 
 
 def quoted_gpu(name: str) -> GPU | None:
-    """The memlab.gpus entry a CUDA device name such as 'NVIDIA H100 80GB HBM3' denotes, else None (chapter: 7)."""
+    """The memlab.gpus entry a CUDA device name denotes, else None (chapter: 7).
+
+    A name such as 'NVIDIA H100 80GB HBM3'.
+    """
     if not isinstance(name, str):
         raise MemlabError(f"a device name must be a string, got {name!r}")
     by_name = {g.name: g for g in CATALOGUE + LEGACY}
@@ -508,7 +521,10 @@ def quoted_gpu(name: str) -> GPU | None:
 
 @dataclass(frozen=True)
 class StepMFU:
-    """A step's FLOPs over its time, against the tried peak and, on a catalogued GPU, the quoted one (chapter: 7)."""
+    """A step's FLOPs over its time, against the tried peak (chapter: 7).
+
+    On a catalogued GPU, also against the quoted one.
+    """
 
     device: str
     device_name: str
@@ -529,7 +545,10 @@ class StepMFU:
 
 
 def quoted_peak(name: str, fmt: str) -> tuple[float | None, str]:
-    """Quoted dense peak (FLOP/s) of the catalogued GPU a CUDA device name denotes, and which, or why none (chapter: 7)."""
+    """Quoted dense peak (FLOP/s) of the catalogued GPU a CUDA device name denotes (chapter: 7).
+
+    It also says which GPU, or why none.
+    """
     check_choice("format", fmt, FLOAT_FORMATS + ("fp8", "tf32", "int8"))
     key = "fp8" if fmt.startswith("fp8") else fmt  # memlab.gpus names both fp8 formats 'fp8'
     gpu = quoted_gpu(name)
@@ -545,7 +564,9 @@ def quoted_peak(name: str, fmt: str) -> tuple[float | None, str]:
 def step_mfu(config_or_spec: StepSpec | ModelConfig | str, *, flops_per_step: float,
              device=None, peak: TriedPeak | None = None, repeats: int = 5, warmup: int = 2,
              seed: int = 0, **switches) -> StepMFU:
-    """MFU of a training step: its FLOPs over its median time, against the tried and the quoted peak (chapter: 7).
+    """MFU of a training step: its FLOPs over its median time (chapter: 7).
+
+    It is given against the tried and the quoted peak.
 
     ``flops_per_step`` is counted elsewhere (forward and backward of every micro-batch of one
     optimizer step). The tried peak is the best of :func:`tried_peak` on this device in the

@@ -112,7 +112,9 @@ class HostTraffic:
 
 def host_link_bytes(parameters: int, *, offload: str, zero_stage: int, gpus: int = 1,
                     layout: str = "mixed", checkpointing: bool = False) -> HostTraffic:
-    """Bytes one of ``gpus`` GPUs moves over its host link per step for an offload, by the papers' accounting (chapter: 7).
+    """Bytes one of ``gpus`` GPUs moves over its host link per step for an offload (chapter: 7).
+
+    They are counted by the papers' accounting.
 
     ``none``: 0. ``optimizer``: gradients to the host gΨ/N, updated parameters back pΨ/N.
     ``params``: the parameters fetched before the forward and the backward (and the recomputation
@@ -157,7 +159,11 @@ def compute_seconds(parameters: int, tokens: int, *, gpu: str = "H100", compute_
 
 
 def offload_verdict(transfer_s: float, compute_s: float, *, free_below: float = 0.1) -> str:
-    """'nothing moved', 'nearly free' (transfer <= free_below x compute), 'dominates' (transfer > compute) or 'comparable' (chapter: 7)."""
+    """The verdict of an offload's transfer time against its compute time (chapter: 7).
+
+    One of 'nothing moved', 'nearly free' (transfer <= free_below x compute), 'dominates' (transfer
+    > compute) or 'comparable'.
+    """
     if isinstance(transfer_s, bool) or not isinstance(transfer_s, Real) or transfer_s < 0:
         raise MemlabError(f"transfer_s must be a non-negative number, got {transfer_s!r}")
     compute_s = check_positive_number("compute_s", compute_s)
@@ -175,7 +181,10 @@ def offload_verdict(transfer_s: float, compute_s: float, *, free_below: float = 
 # The table ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class OffloadRow:
-    """One offload choice: estimated per-GPU peak bytes, bytes saved, host-link bytes and seconds beside compute (chapter: 7)."""
+    """One offload choice, estimated (chapter: 7).
+
+    It holds per-GPU peak bytes, bytes saved, host-link bytes, and seconds beside compute.
+    """
 
     offload: str  # 'none', 'optimizer' or 'params'
     zero_stage: int
@@ -197,7 +206,10 @@ class OffloadRow:
 
 @dataclass(frozen=True)
 class OffloadTable:
-    """Estimated bytes offloading saves on each GPU and moves over the host link per step, with seconds (chapter: 7)."""
+    """Estimated bytes offloading saves on each GPU and moves over the host link (chapter: 7).
+
+    Both are per step, with seconds.
+    """
 
     model: str
     parameters: int
@@ -250,7 +262,9 @@ def offload_table(model: ModelConfig | str, *, gpus: int = 1, batch_size: int, s
                   precision: str = "bf16-mixed", link: str = "pcie5-x16", gpu: str = "H100",
                   mfu: float = 0.4, checkpointing: bool = False, free_below: float = 0.1,
                   stages: Mapping[str, int] | None = None) -> OffloadTable:
-    """Estimated per-GPU peak, GPU bytes saved, host-link bytes and seconds, and compute seconds for each offload (chapter: 7).
+    """Estimated per-GPU peak, bytes saved and host-link cost for each offload (chapter: 7).
+
+    It gives the GPU bytes saved, the host-link bytes and seconds, and the compute seconds.
 
     ``stages`` maps each offload to its ZeRO stage (default :data:`DEFAULT_STAGES`: none at 0,
     optimizer at 2 as ZeRO-Offload, params at 3), checked by
@@ -319,7 +333,9 @@ def adamw_init(param: torch.Tensor) -> AdamWState:
 def adamw_update(param: torch.Tensor, grad: torch.Tensor, state: AdamWState, *, lr: float,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0) -> tuple[torch.Tensor, AdamWState]:
-    """One AdamW update of one tensor, out of place, in torch.optim.AdamW's order of operations (chapter: 7).
+    """One AdamW update of one tensor, out of place (chapter: 7).
+
+    The operations are in torch.optim.AdamW's order.
 
     Returns the new tensor and state. The arithmetic follows ``torch.optim.adam``'s single-tensor
     loop (decoupled weight decay, ``lerp`` for the first moment, bias corrections as Python
@@ -340,7 +356,9 @@ def adamw_update(param: torch.Tensor, grad: torch.Tensor, state: AdamWState, *, 
 
 
 class OffloadedAdamW:
-    """AdamW with its fp32 master weights and moments on the host; counts the bytes each step moves (chapter: 7).
+    """AdamW with its fp32 master weights and moments on the host (chapter: 7).
+
+    It counts the bytes each step moves.
 
     A step copies each gradient to the host in its own dtype (device to host), updates the fp32
     master copy there (:func:`adamw_update`), casts it to the parameter's dtype on the host and
@@ -414,7 +432,10 @@ MEASURE_PRECISIONS = ("fp32", "bf16")  # parameters stored in fp32 or bf16 on th
 
 @dataclass(frozen=True)
 class OffloadMeasurement:
-    """GPU peak bytes with torch's AdamW and with OffloadedAdamW (CUDA), and the bytes it moves per step (chapter: 7)."""
+    """GPU peak bytes with torch's AdamW and with OffloadedAdamW, on CUDA (chapter: 7).
+
+    It also gives the bytes OffloadedAdamW moves per step.
+    """
 
     model: str
     parameters: int
@@ -466,7 +487,9 @@ def _train(net, opt, idx, targets, steps: int, device=None) -> list[float]:
 def measure_offload(model: ModelConfig | str = "tiny", *, batch_size: int = 2, seq_len: int = 32,
                     precision: str = "fp32", steps: int = 2, seed: int = 0,
                     device=None) -> OffloadMeasurement:
-    """GPU peak bytes with torch's AdamW and with :class:`OffloadedAdamW`, and the bytes moved per step (chapter: 7).
+    """GPU peak bytes with torch's AdamW and with :class:`OffloadedAdamW` (chapter: 7).
+
+    It also gives the bytes moved per step.
 
     On CUDA each run builds the model, trains ``steps`` steps and reads
     ``torch.cuda.max_memory_allocated`` above what was allocated before it. Elsewhere the peaks
@@ -535,7 +558,10 @@ PAGED_DEMO = ModelConfig(name="paged-demo", vocab_size=8192, n_layer=4, n_head=8
 
 @dataclass(frozen=True)
 class PagedOptimizerResult:
-    """GPU peak bytes (torch's allocator) with torch's AdamW and with a paged bitsandbytes optimizer, CUDA (chapter: 7)."""
+    """GPU peak bytes with torch's AdamW and with a paged bitsandbytes optimizer (chapter: 7).
+
+    The peaks are torch's allocator's, on CUDA.
+    """
 
     status: str  # 'measured on <GPU>' or 'not measurable on <device>: why'
     optimizer: str
@@ -555,7 +581,9 @@ class PagedOptimizerResult:
 def paged_optimizer_status(device=None, *, optimizer: str = "paged-adamw", steps: int = 3,
                            batch_size: int = 2, seq_len: int = 64,
                            seed: int = 0) -> PagedOptimizerResult:
-    """GPU peak bytes of a few steps with a paged bitsandbytes optimizer vs torch's AdamW, on CUDA (chapter: 7).
+    """GPU peak bytes of a few steps with a paged bitsandbytes optimizer (chapter: 7).
+
+    They are set against torch's AdamW, on CUDA.
 
     Paging (bitsandbytes' paged optimizers, introduced with QLoRA, Dettmers et al. 2023;
     :data:`PAGED_SOURCE`): the optimizer states of large tensors (at least

@@ -177,7 +177,9 @@ def _flops(cfg, trains, precision, ckpt, B, T) -> int:
 def plan_training(model: ModelConfig | str, gpu: GPU | str, *, global_batch: int, seq_len: int,
                   trains=TRAINS, gpu_counts=GPU_COUNTS, mfu: float = 0.4,
                   host_link_name: str = "pcie4-x16", device: str = "cuda") -> MemoryPlan:
-    """Every set-up of a training step that fits ``gpu``, cheapest estimated GPU-seconds first (chapter: 7).
+    """Every set-up of a training step that fits ``gpu`` (chapter: 7).
+
+    The cheapest in estimated GPU-seconds comes first.
 
     ``global_batch`` sequences of ``seq_len`` tokens per optimizer step; GPU counts must divide
     it. Full training tries ZeRO stages 0-3 with their offloads; LoRA and QLoRA run data

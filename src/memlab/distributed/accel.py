@@ -26,7 +26,10 @@ ACCELERATE_FSDP_CONFIG = "configs/accelerate/fsdp2.yaml"  # for GPUs only
 
 
 def accelerate_ranks(spec: dict, device: torch.device) -> dict:
-    """One rank trains the chapter's model through ``Accelerator.prepare``; what accelerate made of it (chapter: 6)."""
+    """One rank trains the chapter's model through ``Accelerator.prepare`` (chapter: 6).
+
+    It returns what accelerate made of it.
+    """
     import torch.distributed as dist
     from accelerate import Accelerator
 
@@ -54,7 +57,9 @@ def accelerate_ranks(spec: dict, device: torch.device) -> dict:
 
 def accelerate_run(spec: dict, *, nproc: int = 2, accelerate_args: tuple[str, ...] | None = None,
                    timeout_s: float = 180.0) -> list[dict]:
-    """The chapter's training through ``Accelerator``; each process's answer, refused in one line if accelerate saw no group (chapter: 6).
+    """The chapter's training through ``Accelerator``; each process's answer (chapter: 6).
+
+    Refused in one line if accelerate saw no group.
 
     ``accelerate_args`` None starts the processes with torchrun (how DDP on CPUs works:
     ``accelerate launch`` has no multi-CPU mode without a cluster config); a tuple starts them
@@ -121,7 +126,10 @@ ACCELERATE_SIZES = {"ci": dict(model="dist-ci", steps=2, batch_size=4, seq_len=1
 
 
 def accelerate_experiment(scale: str) -> AccelerateResult:
-    """The CPU launches (DDP, and FSDP refused), or on GPUs the FSDP2 config file, each beside one process (chapter: 6)."""
+    """The CPU launches, or on GPUs the FSDP2 config file, each beside one process (chapter: 6).
+
+    On the CPU, DDP runs and FSDP is refused.
+    """
     from dataclasses import asdict as _asdict
 
     from memlab.distributed.launch import launch_device

@@ -1,4 +1,7 @@
-"""Chapter 6's claims (C28-C38): each ``evidence()`` computes the numbers, each ``decide(ev)`` the level."""
+"""Chapter 6's claims (C28-C38).
+
+Each ``evidence()`` computes the numbers, each ``decide(ev)`` the level.
+"""
 
 from __future__ import annotations
 
@@ -37,7 +40,11 @@ def _memory() -> dict:
 
 # C28 -------------------------------------------------------------------------------------------
 def c28_evidence() -> dict:
-    """Each DDP rank's measured parameter, gradient and optimizer-state bytes against the whole model's, and ZeRO-1's ranks, held to one process (chapter: 6)."""
+    """Each DDP rank's measured model-state bytes against the whole model's (chapter: 6).
+
+    The parameter, gradient and optimizer-state bytes of each rank are set against the whole
+    model's, with ZeRO-1's ranks, held to one process.
+    """
     m = _memory()
     p, g, k = zero.LAYOUTS["fp32"]
     n = m["parameters"]
@@ -66,14 +73,21 @@ def _c28(ev: dict) -> claims.Verdict:
 @claims.register("C28", _CH6, "DDP needs the full model, gradients and optimizer states on every "
                  "GPU.", evidence=c28_evidence)
 def c28(ev: dict) -> claims.Verdict:
-    """Holds if every category of a DDP rank is the whole model's within ``tolerance``; caveat if ZeRO-1 trains like one process with at most ``shared`` of the optimizer states; wrong otherwise."""
+    """Holds if every category of a DDP rank is the whole model's within ``tolerance``.
+
+    Caveat if ZeRO-1 trains like one process with at most ``shared`` of the optimizer states; wrong
+    otherwise.
+    """
     return claims.with_sensitivity(_c28, ev, "tolerance", (0.001, 0.01, 0.05),
                                    lambda t: f"a tolerance of {t:.1%}")
 
 
 # C29 -------------------------------------------------------------------------------------------
 def c29_evidence() -> dict:
-    """A DDP rank's measured model states and peak against one process on the whole batch, and a ZeRO-3 rank's (chapter: 6)."""
+    """A DDP rank's measured model states and peak against one process (chapter: 6).
+
+    The one process runs the whole batch. A ZeRO-3 rank's are given too.
+    """
     m = _memory()
     return dict(m, per_parameter=sum(zero.LAYOUTS["fp32"]), saving=0.2, tolerance=0.01)
 
@@ -102,14 +116,20 @@ def _c29(ev: dict) -> claims.Verdict:
 @claims.register("C29", _CH6, "DDP's benefit is training speed, not memory.",
                  evidence=c29_evidence)
 def c29(ev: dict) -> claims.Verdict:
-    """Holds if a DDP rank keeps one process's model states; caveat if splitting the batch still cuts its peak by ``saving``; wrong if the states shrink."""
+    """Holds if a DDP rank keeps one process's model states.
+
+    Caveat if splitting the batch still cuts its peak by ``saving``; wrong if the states shrink.
+    """
     return claims.with_sensitivity(_c29, ev, "saving", (0.05, 0.2, 0.5, 0.8),
                                    lambda s: f"a peak saving of {s:.0%}")
 
 
 # C30 -------------------------------------------------------------------------------------------
 def c30_evidence() -> dict:
-    """Per-rank parameters, gradients and activations of ZeRO-3 (FSDP2) against DDP's, measured (chapter: 6)."""
+    """Per-rank parameters, gradients and activations of ZeRO-3 (FSDP2) against DDP's (chapter: 6).
+
+    All are measured.
+    """
     return dict(_memory(), tolerance=0.05)
 
 
@@ -135,7 +155,10 @@ def _c30(ev: dict) -> claims.Verdict:
 @claims.register("C30", _CH6, "FSDP shards parameters, gradients and activations across GPUs.",
                  evidence=c30_evidence)
 def c30(ev: dict) -> claims.Verdict:
-    """Holds if ZeRO-3's parameters, gradients and activations are each 1/N of DDP's within ``tolerance``; caveat if only parameters and gradients are; wrong otherwise."""
+    """Holds if ZeRO-3's parameters, gradients and activations are each 1/N of DDP's.
+
+    Each within ``tolerance``. Caveat if only parameters and gradients are; wrong otherwise.
+    """
     return claims.with_sensitivity(_c30, ev, "tolerance", (0.01, 0.05, 0.2),
                                    lambda t: f"a tolerance of {t:.0%}")
 
@@ -170,14 +193,20 @@ def _c32(ev: dict) -> claims.Verdict:
 
 @claims.register("C32", _CH6, "ZeRO's communication stays close to DDP's.", evidence=c32_evidence)
 def c32(ev: dict) -> claims.Verdict:
-    """Holds if every stage moves at most ``close`` x DDP's bytes; caveat if one moves more, up to ``far``; wrong beyond."""
+    """Holds if every stage moves at most ``close`` x DDP's bytes.
+
+    Caveat if one moves more, up to ``far``; wrong beyond.
+    """
     return claims.with_sensitivity(_c32, ev, "close", (1.05, 1.1, 1.6),
                                    lambda c: f"'close' taken as within {c:g}x")
 
 
 # C33 -------------------------------------------------------------------------------------------
 def c33_evidence() -> dict:
-    """Bytes of parameters FSDP held gathered at each block's forward and backward, both reshard settings, measured on rank 0 (chapter: 6)."""
+    """Bytes of parameters FSDP held gathered at each block's forward and backward (chapter: 6).
+
+    Both reshard settings are measured on rank 0.
+    """
     from memlab.model.transformer import build_model
 
     r = distributed_memory_experiment()
@@ -217,14 +246,21 @@ def _c33(ev: dict) -> claims.Verdict:
 @claims.register("C33", _CH6, "FSDP gathers the full parameters just before each forward and "
                  "backward computation and frees them afterwards.", evidence=c33_evidence)
 def c33(ev: dict) -> claims.Verdict:
-    """Holds if ZeRO-3 holds at most ``prefetch`` blocks gathered and at most one as each block's forward ends; caveat if the other reshard setting keeps more; wrong otherwise."""
+    """Holds if ZeRO-3 holds at most ``prefetch`` blocks gathered, and one as a forward ends.
+
+    At most one block is gathered as each block's forward ends. Caveat if the other reshard setting
+    keeps more; wrong otherwise.
+    """
     return claims.with_sensitivity(_c33, ev, "prefetch", (1, 2, 3),
                                    lambda p: f"at most {p} blocks gathered at once")
 
 
 # C34 -------------------------------------------------------------------------------------------
 def c34_evidence() -> dict:
-    """Per-rank model states, peak and collectives of FSDP2 at sharding factors 1, 2 and N, with DDP's, measured (chapter: 6)."""
+    """FSDP2's per-rank model states, peak and collectives at several factors (chapter: 6).
+
+    The sharding factors are 1, 2 and N, with DDP's beside them; all are measured.
+    """
     return dict(_memory(), tolerance=0.05)
 
 
@@ -254,7 +290,10 @@ def _c34(ev: dict) -> claims.Verdict:
                  "full sharding, and values in between give hybrid sharding.",
                  evidence=c34_evidence)
 def c34(ev: dict) -> claims.Verdict:
-    """Holds if model states per rank are 1/factor of DDP's and factor 1's peak is DDP's within ``tolerance``; caveat if only the states follow; wrong otherwise."""
+    """Holds if model states per rank are 1/factor of DDP's and factor 1's peak is DDP's.
+
+    The peak within ``tolerance``. Caveat if only the states follow; wrong otherwise.
+    """
     return claims.with_sensitivity(_c34, ev, "tolerance", (0.01, 0.05, 0.3),
                                    lambda t: f"a tolerance of {t:.0%}")
 
@@ -301,7 +340,11 @@ def _c35(ev: dict) -> claims.Verdict:
 @claims.register("C35", _CH6, "Offloading to the CPU reduces GPU memory at a cost in speed.",
                  evidence=c35_evidence)
 def c35(ev: dict) -> claims.Verdict:
-    """Holds if offload lowers the recorded GPU peak and lengthens the step; caveat if it saves less than ``share`` of the peak; wrong otherwise; not judged without a GPU record."""
+    """Holds if offload lowers the recorded GPU peak and lengthens the step.
+
+    Caveat if it saves less than ``share`` of the peak; wrong otherwise; not judged without a GPU
+    record.
+    """
     if ev["recorded"] is None:
         return _c35(ev)
     return claims.with_sensitivity(_c35, ev, "share", (0.25, 0.5, 0.75),
@@ -314,7 +357,11 @@ C31_GPUS = 64
 
 
 def c31_evidence() -> dict:
-    """Model-state reductions of each stage from the ZeRO formulas (paper's and PyTorch's layout), measured on 4 ranks, and the estimated per-GPU peak of Llama-2-7B on 64 GPUs (chapter: 6)."""
+    """Model-state reductions of each ZeRO stage, by formula and measured (chapter: 6).
+
+    The formulas are taken with the paper's and PyTorch's layout, the measurement on 4 ranks, with
+    the estimated per-GPU peak of Llama-2-7B on 64 GPUs.
+    """
     from memlab.distributed.estimate import estimate_sharded
     from memlab.distributed.plan import zero_paper_model_states
 
@@ -367,7 +414,10 @@ def _c31(ev: dict) -> claims.Verdict:
                  "times, and stage 3 in proportion to the number of GPUs (64 GPUs, 64 times).",
                  evidence=c31_evidence)
 def c31(ev: dict) -> claims.Verdict:
-    """Holds if the formulas' limits are 4x, 8x and N within ``tolerance``; caveat if the whole peak falls by less than ``kept`` x N; wrong otherwise."""
+    """Holds if the formulas' limits are 4x, 8x and N within ``tolerance``.
+
+    Caveat if the whole peak falls by less than ``kept`` x N; wrong otherwise.
+    """
     return claims.with_sensitivity(_c31, ev, "kept", (0.1, 0.5, 0.9),
                                    lambda k: f"a peak cut below {k:.0%} of N counted as partial")
 
@@ -383,7 +433,11 @@ TOKENS_PER_GPU = (2_048, 8_192, 32_768, 131_072)  # per step: the model's one fr
 
 
 def c36_evidence() -> dict:
-    """DDP's model states for the paper's T5 sizes against an A100 80GB, and the communication-time model's throughput from 8 to 512 GPUs (chapter: 6)."""
+    """DDP's model states for the paper's T5 sizes, and modelled throughput (chapter: 6).
+
+    The model states are set against an A100 80GB; the communication-time model gives throughput
+    from 8 to 512 GPUs.
+    """
     from memlab.distributed.commtime import throughput_model
     from memlab.gpus import get_gpu
 
@@ -424,7 +478,11 @@ def _c36(ev: dict) -> claims.Verdict:
                  "runs out of memory at 11B, and per-GPU throughput drops about 7% from 8 to 512 "
                  "GPUs.", evidence=c36_evidence)
 def c36(ev: dict) -> claims.Verdict:
-    """Holds if DDP's states fit 80 GB at 0.6B and 2.3B but not 11B and a measured drop is within ``tolerance`` of 7%; caveat if the speeds are only modelled; wrong if the memory part fails."""
+    """Holds if DDP's states fit 80 GB at 0.6B and 2.3B but not 11B, and the drop is about 7%.
+
+    A measured drop must be within ``tolerance`` of 7%. Caveat if the speeds are only modelled;
+    wrong if the memory part fails.
+    """
     return claims.with_sensitivity(_c36, ev, "tolerance", (0.01, 0.05, 0.1),
                                    lambda t: f"a drop within {t:.0%} of 7%")
 
@@ -438,7 +496,10 @@ CLAIMED = dict(gpu="V100", memory_gb=80, gpus=512)
 
 
 def c37_evidence() -> dict:
-    """The V100's memory sizes from the GPU catalogue, and the FSDP paper's hardware as quoted (chapter: 6)."""
+    """The V100's memory sizes from the GPU catalogue, and the FSDP paper's hardware (chapter: 6).
+
+    The paper's hardware is as quoted.
+    """
     from memlab.gpus import LEGACY, get_gpu
 
     v100 = {g.name: g.memory_label for g in LEGACY if g.name.startswith("V100")}
@@ -449,7 +510,10 @@ def c37_evidence() -> dict:
 @claims.register("C37", _CH6, "Those FSDP results were measured on 512 V100 GPUs with 80 GB each.",
                  evidence=c37_evidence)
 def c37(ev: dict) -> claims.Verdict:
-    """Holds if the paper used V100s and a V100 has the claimed memory, with the claimed count; caveat if only the count is off; wrong if the GPU or its memory is."""
+    """Holds if the paper used V100s with the claimed memory, in the claimed count.
+
+    Caveat if only the count is off; wrong if the GPU or its memory is.
+    """
     c = ev["claimed"]
     sizes = [int(label.split()[0]) for label in ev["v100"].values()]
     exists = any(s >= c["memory_gb"] for s in sizes)
@@ -472,7 +536,11 @@ def c37(ev: dict) -> claims.Verdict:
 
 # C38 -------------------------------------------------------------------------------------------
 def c38_evidence() -> dict:
-    """Tensor parallelism's weight share and error per rank, the pipeline's layers per stage and its bubble, measured on 2 ranks; data parallelism's activations per rank (chapter: 6)."""
+    """Tensor, pipeline and data parallelism's shares per rank (chapter: 6).
+
+    Tensor parallelism's weight share and error per rank and the pipeline's layers per stage and
+    bubble are measured on 2 ranks, with data parallelism's activations per rank.
+    """
     from memlab.distributed.parallel import split_stages
     from memlab.model.config import ModelConfig
     from memlab.model.transformer import build_model
@@ -498,7 +566,11 @@ def c38_evidence() -> dict:
 @claims.register("C38", _CH6, "Data, pipeline and tensor parallelism split the data, the layers, "
                  "and the tensors within a layer, respectively.", evidence=c38_evidence)
 def c38(ev: dict) -> claims.Verdict:
-    """Holds if each rank holds 1/N of the data's activations, of the layers, of each split weight and of every weight; caveat if the norms stay whole on every tensor-parallel rank or the stages' weights differ by more than ``tolerance``; wrong otherwise."""
+    """Holds if each rank holds 1/N of the data's activations, of the layers and of every weight.
+
+    That includes each split weight. Caveat if the norms stay whole on every tensor-parallel rank or
+    the stages' weights differ by more than ``tolerance``; wrong otherwise.
+    """
     w, tol = ev["world"], ev["tolerance"]
     tp_ok = all(abs(s * w - 1) <= tol for s in ev["tp_share"]) and ev["tp_error"] < 1e-4
     pp_ok = sum(ev["pp_blocks"]) == ev["pp_n_layer"] and len(set(ev["pp_blocks"])) == 1

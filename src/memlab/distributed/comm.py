@@ -86,7 +86,9 @@ def _named_group_size(args) -> int:
 
 
 def ring_sent_bytes(collective: str, payload: int, group_size: int) -> float:
-    """Bytes one rank sends for a collective of ``payload`` bytes over ``group_size`` ranks, ring algorithms (chapter: 6).
+    """Bytes one rank sends in a collective of ``payload`` bytes, ring algorithms (chapter: 6).
+
+    The collective runs over ``group_size`` ranks.
 
     All-gather and reduce-scatter: each rank sends (g-1)/g of the payload; all-reduce is both:
     2(g-1)/g; a broadcast's root sends it once (counted on every rank: 1/g on average).
@@ -156,7 +158,9 @@ class CommCounter(TorchDispatchMode):
 
 
 def python_allreduce_hook():
-    """A DDP communication hook that all-reduces each gradient bucket from Python, where a :class:`CommCounter` sees it (chapter: 6).
+    """A DDP communication hook that all-reduces each gradient bucket from Python (chapter: 6).
+
+    There a :class:`CommCounter` sees it.
 
     It is PyTorch's own default hook (``default_hooks.allreduce_hook``: sum, then divide by the
     world size); DDP's built-in path issues the same all-reduce from C++, unseen.

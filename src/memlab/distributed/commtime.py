@@ -1,4 +1,6 @@
-"""A model of the time data parallelism spends communicating, and what it does to throughput (chapter 6).
+"""A model of the time data parallelism spends communicating (chapter 6).
+
+It also gives what that time does to throughput.
 
 Parameters in, numbers out: every bandwidth is a quoted datasheet or paper figure
 (:data:`LINKS`, each with its source), every efficiency an input. Nothing here is measured.
@@ -78,7 +80,10 @@ def _link(name: str) -> Link:
 
 def per_gpu_bandwidth(gpus: int, *, gpus_per_node: int = FSDP_PAPER_GPUS_PER_NODE,
                       intra: str = "a100-nvlink3", inter: str = "fsdp-paper-roce") -> float:
-    """Bytes/s one GPU sends at in a ring over ``gpus`` GPUs: NVLink within a node, its share of the node's network across nodes (chapter: 6)."""
+    """Bytes/s one GPU sends at in a ring over ``gpus`` GPUs (chapter: 6).
+
+    NVLink within a node, its share of the node's network across nodes.
+    """
     gpus, gpus_per_node = check_gpus(gpus), check_gpus(gpus_per_node)
     near, far = _link(intra), _link(inter)
 
@@ -93,7 +98,9 @@ def per_gpu_bandwidth(gpus: int, *, gpus_per_node: int = FSDP_PAPER_GPUS_PER_NOD
 def comm_seconds(parameters: int, stage: int, gpus: int, *, bytes_per_value: int = 2,
                  gpus_per_node: int = FSDP_PAPER_GPUS_PER_NODE, intra: str = "a100-nvlink3",
                  inter: str = "fsdp-paper-roce", hop_latency_s: float = 0.0) -> float:
-    """Seconds one GPU spends sending a step's collectives at ZeRO ``stage`` over ``gpus`` GPUs, ring algorithms (chapter: 6).
+    """Seconds one GPU spends sending a step's collectives at ZeRO ``stage`` (chapter: 6).
+
+    Over ``gpus`` GPUs, with ring algorithms.
 
     Bytes sent: COMM_FACTOR[stage] x (N-1)/N x parameters x ``bytes_per_value`` (2Ψ for
     stages 0-2, 3Ψ for stage 3), at :func:`per_gpu_bandwidth`; plus (N-1) x
@@ -135,7 +142,9 @@ def throughput_model(parameters: int, tokens_per_gpu: int, gpus_list, *, stage: 
                      gpus_per_node: int = FSDP_PAPER_GPUS_PER_NODE, intra: str = "a100-nvlink3",
                      inter: str = "fsdp-paper-roce",
                      hop_latency_s: float = 0.0) -> list[ThroughputRow]:
-    """Per-GPU training throughput over numbers of GPUs, tokens/s, from compute time and ring communication time (chapter: 6).
+    """Per-GPU training throughput over numbers of GPUs, tokens/s (chapter: 6).
+
+    It comes from compute time and ring communication time.
 
     Compute: 6 x parameters x ``tokens_per_gpu`` FLOPs (forward and backward, no
     recomputation) at ``peak_flops`` x ``mfu``, the assumed model FLOPs utilisation (an input).

@@ -1,4 +1,6 @@
-"""DeepSpeed's ZeRO, the reference implementation of the three stages, measured rank by rank (chapter 6).
+"""DeepSpeed's ZeRO, the reference implementation of the three stages (chapter 6).
+
+Each stage is measured rank by rank.
 
 :func:`deepspeed_ranks` is what each rank runs (through :func:`memlab.distributed.launch.launch`):
 for every run in ``spec['runs']`` it builds the same model from the same seed, hands it to
@@ -103,7 +105,10 @@ def require_deepspeed():
 
 
 def deepspeed_version() -> str:
-    """The installed DeepSpeed's version, found without importing it (seconds); else a one-line error (chapter: 6)."""
+    """The installed DeepSpeed's version, found without importing it (chapter: 6).
+
+    Importing it takes seconds. Without DeepSpeed, a one-line error.
+    """
     import importlib.util
     from importlib.metadata import PackageNotFoundError, version
 
@@ -175,7 +180,10 @@ def _by_name(name: str, t: torch.Tensor) -> str:
 
 
 def held_buffers(engine) -> dict[str, dict[str, int]]:
-    """Bytes of every storage a DeepSpeed engine holds on this rank, by category and by where it was found (chapter: 6)."""
+    """Bytes of every storage a DeepSpeed engine holds on this rank (chapter: 6).
+
+    They are given by category and by where each was found.
+    """
     found = _Storages()
     params = list({id(p): p for p in engine.module.parameters()}.values())
     for p in params:
@@ -389,7 +397,10 @@ class DeepSpeedComparison:
                           + ", ".join(r.name for r in self.runs))
 
     def table(self, unit: str = "MiB") -> str:
-        """Rank 0's bytes by category for DeepSpeed and PyTorch at each stage, the formula, and the check against one process (chapter: 6)."""
+        """Rank 0's bytes by category for DeepSpeed and PyTorch at each stage (chapter: 6).
+
+        With the formula, and the check against one process.
+        """
         head = (f"{self.parameters:,} parameters on {self.world_size} ranks ({self.backend}, "
                 f"{self.device}), DeepSpeed {self.deepspeed_version}, global batch "
                 f"{self.batch_size} x {self.seq_len}, {self.steps} steps, fp32; {unit} per rank")
@@ -430,7 +441,9 @@ def _rank(answer: dict, name: str) -> DeepSpeedRank:
 
 def deepspeed_comparison(scale: str, *, pytorch: DistributedMemory | None = None
                          ) -> DeepSpeedComparison:
-    """DeepSpeed's ZeRO stages 1-3 on N ranks against the formulas, PyTorch's strategies and one process (chapter: 6).
+    """DeepSpeed's ZeRO stages 1-3 on N ranks against the formulas (chapter: 6).
+
+    Also against PyTorch's strategies and one process.
 
     ``pytorch``: a :func:`memlab.distributed.sharding.distributed_memory` result of the same
     model and sizes to compare with; run here (ZeRO-1, ZeRO-2, ZeRO-3 only) when None.

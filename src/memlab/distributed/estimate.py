@@ -197,7 +197,9 @@ def estimate_sharded(
     grad_accum_steps: int = 1,
     device: str = "cuda",
 ) -> ShardedEstimate:
-    """Estimated bytes one of ``gpus`` GPUs holds in a training step at ZeRO ``zero_stage``, by phase (chapter: 6).
+    """Estimated bytes one of ``gpus`` GPUs holds in a training step (chapter: 6).
+
+    At ZeRO ``zero_stage``, by phase.
 
     ``model`` is a preset name, a :class:`~memlab.model.transformer.ModelConfig` or a
     :class:`~memlab.measure.step.StepSpec`; ``batch_size`` is per GPU. See the module's

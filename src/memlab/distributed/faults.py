@@ -1,4 +1,6 @@
-"""Small rank functions for the launcher's own checks: a sum, a rank that raises, a rank that hangs (chapter 6).
+"""Small rank functions for the launcher's own checks (chapter 6).
+
+A sum, a rank that raises, a rank that hangs.
 
 Each is a ``target(spec, device)`` for :func:`memlab.distributed.launch.launch`.
 """
@@ -19,7 +21,10 @@ def all_reduce_sum(spec: dict, device: torch.device) -> dict:
 
 
 def raise_on_rank(spec: dict, device: torch.device) -> dict:
-    """Rank ``spec['rank']`` raises ValueError before the first collective; the others wait in it (chapter: 6)."""
+    """Rank ``spec['rank']`` raises ValueError before the first collective (chapter: 6).
+
+    The others wait in it.
+    """
     if dist.get_rank() == spec.get("rank", 1):
         raise ValueError(f"rank {dist.get_rank()} was told to fail")
     t = torch.ones(1, device=device)
@@ -28,7 +33,10 @@ def raise_on_rank(spec: dict, device: torch.device) -> dict:
 
 
 def hang_on_rank(spec: dict, device: torch.device) -> dict:
-    """Rank ``spec['rank']`` never joins the all-reduce (it sleeps); the others time out in it (chapter: 6)."""
+    """Rank ``spec['rank']`` never joins the all-reduce (it sleeps) (chapter: 6).
+
+    The others time out in it.
+    """
     if dist.get_rank() == spec.get("rank", 1):
         time.sleep(spec.get("sleep_s", 600))
         return {}

@@ -90,7 +90,10 @@ def _failure(out: Path, rc: int, stderr: str) -> str:
 
 
 def launch_device(nproc: int, nnodes: int = 1) -> str:
-    """``'cuda'`` when this machine has a GPU for every rank it starts (NCCL needs one each), else ``'cpu'`` (chapter: 6)."""
+    """``'cuda'`` when this machine has a GPU for every rank it starts, else ``'cpu'`` (chapter: 6).
+
+    NCCL needs one GPU per rank.
+    """
     import torch
 
     return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= nproc * nnodes \

@@ -73,7 +73,10 @@ def gpipe_bubble(stages: int, microbatches: int) -> float:
 
 # Tensor parallelism ----------------------------------------------------------------------
 def tp_plan(block: Block) -> dict:
-    """The block's plan: q, k, v, gate, up column-wise; o, down row-wise; the attention's and the MLP's input replicated (chapter: 6).
+    """The block's tensor-parallel plan (chapter: 6).
+
+    q, k, v, gate and up are split column-wise, o and down row-wise; the attention's and the MLP's
+    input are replicated.
 
     The attention and the MLP take their input as one replicated DTensor (Megatron-LM's *f*:
     identity forward, all-reduce backward), so the backward all-reduces the input's gradient
@@ -101,7 +104,10 @@ def tp_plan(block: Block) -> dict:
 
 
 def local_config(cfg: ModelConfig, tp: int) -> ModelConfig:
-    """The attention's config on one of ``tp`` ranks: n_head / tp query heads, n_kv_head / tp key/value heads, same head size (chapter: 6)."""
+    """The attention's config on one of ``tp`` ranks (chapter: 6).
+
+    It has n_head / tp query heads and n_kv_head / tp key/value heads, with the same head size.
+    """
     check_positive_int("tensor-parallel degree", tp)
     if cfg.kv_heads % tp:
         raise MemlabError(f"n_kv_head ({cfg.kv_heads}) must be divisible by the tensor-parallel "
@@ -195,7 +201,10 @@ def _tp_rank(spec: dict, device: torch.device) -> dict:
 
 # Pipeline parallelism --------------------------------------------------------------------
 class PipelineStageModule(nn.Module):
-    """Blocks ``lo:hi`` of a :class:`~memlab.model.transformer.Transformer`; the first stage adds the embedding, the last the final norm and head."""
+    """Blocks ``lo:hi`` of a :class:`~memlab.model.transformer.Transformer`.
+
+    The first stage adds the embedding, the last the final norm and head.
+    """
 
     def __init__(self, model: nn.Module, lo: int, hi: int, *, first: bool, last: bool):
         super().__init__()

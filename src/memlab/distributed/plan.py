@@ -87,7 +87,10 @@ def per_gpu_sweep(models=SWEEP_MODELS, gpus=SWEEP_GPUS, *, stages=STAGES,
                   precision: str = "bf16-mixed", batch_size: int = 1, seq_len: int = 4096,
                   checkpointing: bool = True, offload: str = "none",
                   device: str = "cuda") -> GpuSweep:
-    """Per-GPU model states and estimated peak bytes for each model, ZeRO stage and number of GPUs (chapter: 6)."""
+    """Per-GPU model states and estimated peak bytes (chapter: 6).
+
+    For each model, ZeRO stage and number of GPUs.
+    """
     stages, gpus = tuple(check_stage(s) for s in stages), tuple(check_gpus(n) for n in gpus)
     models = tuple(models)
     if not models or not gpus or not stages:
@@ -112,7 +115,10 @@ def smallest_gpus(model: str | ModelConfig, stage: int, *, gpu: str = "A100-80GB
                   precision: str = "bf16-mixed", batch_size: int = 1, seq_len: int = 4096,
                   checkpointing: bool = True, offload: str = "none", device: str = "cuda",
                   max_gpus: int = MAX_GPUS, headroom_bytes: int = 0) -> int | None:
-    """Smallest number of GPUs (any integer up to ``max_gpus``) whose estimated per-GPU peak fits ``gpu``'s usable bytes, or None (chapter: 6).
+    """Smallest number of GPUs whose estimated per-GPU peak fits ``gpu`` (chapter: 6).
+
+    The peak is held to ``gpu``'s usable bytes; any integer up to ``max_gpus``, or None if none
+    fits.
 
     The per-GPU peak never grows with N (each shard only shrinks), so the answer is found by
     bisection; at stage 0 (DDP) nothing is sharded, so it is 1 or None.
@@ -138,7 +144,10 @@ def smallest_gpus(model: str | ModelConfig, stage: int, *, gpu: str = "A100-80GB
 
 @dataclass(frozen=True)
 class FitCounts:
-    """The smallest number of GPUs for each model and ZeRO stage on one GPU model (None: not up to ``max_gpus``)."""
+    """The smallest number of GPUs for each model and ZeRO stage on one GPU model.
+
+    None means not up to ``max_gpus``.
+    """
 
     gpu: str
     usable_bytes: int  # the GPU's usable memory (memlab.gpus.GPU.usable_bytes)
@@ -172,7 +181,10 @@ def fit_counts(models=SWEEP_MODELS, stages=STAGES, *, gpu: str = "A100-80GB",
                precision: str = "bf16-mixed", batch_size: int = 1, seq_len: int = 4096,
                checkpointing: bool = True, offload: str = "none", device: str = "cuda",
                max_gpus: int = MAX_GPUS) -> FitCounts:
-    """The smallest number of ``gpu`` GPUs that fits each model at each ZeRO stage, by the estimate (chapter: 6)."""
+    """The smallest number of ``gpu`` GPUs that fits each model at each ZeRO stage (chapter: 6).
+
+    The fit is judged by the estimate.
+    """
     stages = tuple(check_stage(s) for s in stages)
     kw = _sweep_kwargs(precision, batch_size, seq_len, checkpointing, offload, device)
     counts = {_name(m): {s: smallest_gpus(m, s, gpu=gpu, max_gpus=max_gpus, **kw)

@@ -52,7 +52,9 @@ def _device_type(t: torch.Tensor) -> str:
 
 def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer,
                       device: torch.device | None = None) -> dict[str, int]:
-    """Bytes of this rank's parameter, gradient and optimizer-state shards on ``device``, by category (chapter: 6).
+    """Bytes of this rank's shards on ``device``, by category (chapter: 6).
+
+    The shards are its parameter, gradient and optimizer-state shards.
 
     ``offloaded``: the same categories' bytes kept in CPU memory while the rank computes on a GPU.
     """
@@ -154,7 +156,9 @@ def param_bytes_now(model: nn.Module) -> int:
 
 
 def gathered_bytes(model: nn.Module) -> int:
-    """Bytes of parameters FSDP holds gathered right now, over every unit: unsharded parameters and all-gather buffers (chapter: 6).
+    """Bytes of parameters FSDP holds gathered right now, over every unit (chapter: 6).
+
+    They are the unsharded parameters and the all-gather buffers.
 
     An all-gather's output buffer is alive from the collective until its unit copies it out
     (FSDP prefetches the next unit's, so it can overlap the current unit's compute). Zero for a
@@ -174,7 +178,10 @@ def gathered_bytes(model: nn.Module) -> int:
 
 
 class GatherTimeline:
-    """Gathered parameter bytes at every unit's forward and backward, start and end, and after each collective (chapter: 6)."""
+    """Gathered parameter bytes at every unit's forward and backward (chapter: 6).
+
+    At their start and end, and after each collective.
+    """
 
     def __init__(self, model: nn.Module, units: dict[str, nn.Module]):
         self.model = model
@@ -240,7 +247,10 @@ def batches(cfg: ModelConfig, steps: int, batch_size: int, seq_len: int):
 
 
 def batch_rows(world: int, rank: int, batch_size: int) -> slice:
-    """This rank's rows of a global batch of ``batch_size`` sequences split over ``world`` ranks (chapter: 6)."""
+    """This rank's rows of a global batch of ``batch_size`` sequences (chapter: 6).
+
+    The batch is split over ``world`` ranks.
+    """
     if batch_size % world:
         raise MemlabError(f"the global batch ({batch_size}) must split evenly over {world} ranks; "
                           f"accepted: a multiple of {world}")

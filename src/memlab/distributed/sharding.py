@@ -1,4 +1,6 @@
-"""Every data-parallel strategy run on N processes, held to the formulas and to one process (chapter 6).
+"""Every data-parallel strategy run on N processes (chapter 6).
+
+Each is held to the formulas and to one process.
 
 :func:`distributed_memory` launches the strategies once (``torchrun``, N ranks, one launch for
 all of them: process start-up costs more than the training), trains the same model from the
@@ -85,7 +87,10 @@ def agreement(losses, weights: dict[str, torch.Tensor], ref_losses,
 
 
 def tolerance(lr: float, steps: int, noise: Agreement | None = None) -> Agreement:
-    """The stated tolerance, widened to twice one process's run-to-run noise where there is some (chapter: 6)."""
+    """The stated tolerance, widened where one process's run has noise (chapter: 6).
+
+    It is widened to twice one process's run-to-run noise where there is some.
+    """
     tol = Agreement(LOSS_RTOL, lr * steps, WEIGHT_OUTLIER_SHARE)
     if noise is None:
         return tol
@@ -111,7 +116,10 @@ class RankMemory:
 
     @property
     def model_states(self) -> int:
-        """Parameters (as held between forward and backward) + gradients + optimizer states, bytes (chapter: 6)."""
+        """Parameters + gradients + optimizer states, bytes (chapter: 6).
+
+        The parameters are counted as held between forward and backward.
+        """
         return self.parameters_after_forward + self.gradients + self.optimizer_states
 
 
@@ -149,7 +157,10 @@ class StrategyRun:
 
     @property
     def comm_ratio(self) -> float | None:
-        """Rank 0's measured communication volume over 2Ψ or 3Ψ; None on one rank, which sends nothing (chapter: 6)."""
+        """Rank 0's measured communication volume over 2Ψ or 3Ψ (chapter: 6).
+
+        None on one rank, which sends nothing.
+        """
         if len(self.ranks) == 1:
             return None
         return self.ranks[0].comm_volume_bytes / self.comm_formula_bytes
@@ -211,7 +222,9 @@ class DistributedMemory:
 
 
 def built_bytes(strategy: str, parameters: int, gpus: int, layout: str = "fp32") -> int:
-    """Model states one rank of ``strategy`` holds by construction, bytes: the ZeRO formula, except for FSDP2 kept after forward (chapter: 6).
+    """Model states one rank of ``strategy`` holds by construction, bytes (chapter: 6).
+
+    The ZeRO formula, except for FSDP2 kept after forward.
 
     FSDP2 without resharding after the forward keeps every parameter gathered from forward to
     backward, and its own shard beside it: pΨ + (p+g+k)Ψ/N, where ZeRO-2's formula has
@@ -245,7 +258,9 @@ def _rank_memory(answer: dict, strategy: str) -> RankMemory:
 
 def check_fits(cfg: ModelConfig, nproc: int, batch_size: int, seq_len: int,
                device: torch.device) -> int:
-    """Refuse, before any process starts, a run whose ranks would not fit; the estimated bytes (chapter: 6).
+    """Refuse, before any process starts, a run whose ranks would not fit (chapter: 6).
+
+    It returns the estimated bytes.
 
     The estimate is DDP's (every rank holds everything: the most any strategy holds) plus one
     rank's activations; on a CPU the ranks share the host's memory.

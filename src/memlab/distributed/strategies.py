@@ -71,7 +71,9 @@ def shard_mesh(strategy: str, world: int, device: torch.device, shard_size: int 
 
 
 def shard_units(model: nn.Module) -> list:
-    """The groups FSDP gathers one at a time: the embedding, each block, the final norm with the head (chapter: 6).
+    """The groups FSDP gathers one at a time (chapter: 6).
+
+    They are the embedding, each block, and the final norm with the head.
 
     Wrapping the embedding and the head on their own (as torchtitan does) leaves the root with
     no parameters, so nothing stays gathered for the whole step.

@@ -247,7 +247,10 @@ class TracedRow:
 
 @dataclass(frozen=True)
 class TracedGrid:
-    """Per-rank peaks of big models sharded over many ranks, traced in one process, and estimated (chapter: 6)."""
+    """Per-rank peaks of big models sharded over many ranks (chapter: 6).
+
+    They are traced in one process, and estimated.
+    """
 
     rows: tuple[TracedRow, ...]
     batch_size: int

@@ -24,7 +24,10 @@ import torch.distributed as dist
 
 
 def rank_device(kind: str | None = None) -> torch.device:
-    """This rank's device: its own GPU (``LOCAL_RANK``) when the launch uses GPUs, else the CPU (chapter: 6)."""
+    """This rank's device (chapter: 6).
+
+    Its own GPU (``LOCAL_RANK``) when the launch uses GPUs, else the CPU.
+    """
     if kind != "cpu" and torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
@@ -33,13 +36,18 @@ def rank_device(kind: str | None = None) -> torch.device:
 
 
 def launched() -> bool:
-    """Whether a launcher described a process group in the environment (RANK, WORLD_SIZE, MASTER_ADDR) (chapter: 6)."""
+    """Whether a launcher described a process group in the environment (chapter: 6).
+
+    It reads RANK, WORLD_SIZE and MASTER_ADDR.
+    """
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def init(backend: str | None = None, timeout_s: float = 30.0,
          device: str | None = None) -> torch.device:
-    """Join the process group the launcher described in the environment; return this rank's device (chapter: 6).
+    """Join the process group the launcher described in the environment (chapter: 6).
+
+    It returns this rank's device.
 
     A process started without one (``accelerate launch`` asked for FSDP on a CPU-only machine
     starts such copies) forms a group of one, so that the parent sees and reports it.

@@ -1,4 +1,7 @@
-"""Chapter 5's claims (C23-C26): each ``evidence()`` computes the numbers, each ``decide(ev)`` the level."""
+"""Chapter 5's claims (C23-C26).
+
+Each ``evidence()`` computes the numbers, each ``decide(ev)`` the level.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +29,10 @@ def _gib(n: float) -> str:
 
 # C23 -------------------------------------------------------------------------------------------
 def c23_evidence() -> dict:
-    """Counted forward and backward FLOPs per step of full fine-tuning, the last block and LoRA (chapter: 5)."""
+    """Counted forward and backward FLOPs per step of three set-ups (chapter: 5).
+
+    The set-ups are full fine-tuning, the last block and LoRA.
+    """
     t = finetune_flops()
     return dict(model=t.model, rows={r.name: dict(forward=r.flops.forward, backward=r.flops.backward,
                                                   trainable=r.trainable_parameters)
@@ -60,14 +66,22 @@ def _c23(ev: dict) -> claims.Verdict:
 @claims.register("C23", _CH5, "Freezing weights saves computation because frozen weights need "
                  "no gradients.", evidence=c23_evidence)
 def c23(ev: dict) -> claims.Verdict:
-    """Holds if every frozen set-up counts fewer FLOPs per step than full fine-tuning; caveat if LoRA still does at least ``kept_share`` of full's backward; wrong if one does not save."""
+    """Holds if every frozen set-up counts fewer FLOPs per step than full fine-tuning.
+
+    Caveat if LoRA still does at least ``kept_share`` of full's backward; wrong if one does not
+    save.
+    """
     return claims.with_sensitivity(_c23, ev, "kept_share", (0.25, 0.4, 0.6, 0.9),
                                    lambda s: f"a kept share of {s:.0%} of the backward")
 
 
 # C24 -------------------------------------------------------------------------------------------
 def c24_evidence() -> dict:
-    """Trainable share, estimated LoRA / full peaks of Llama-2-7B against T with the activations' share, and the measured peaks of the book's model (chapter: 5)."""
+    """Trainable share and LoRA / full peaks of Llama-2-7B against T (chapter: 5).
+
+    The peaks are estimated, with the activations' share, beside the measured peaks of the book's
+    model.
+    """
     ctx = finetune_context()
     cfg = get_config(ctx.model)
     cmp = finetune_compare()
@@ -106,7 +120,11 @@ def _c24(ev: dict) -> claims.Verdict:
 @claims.register("C24", _CH5, "LoRA on the query and value projections trains far fewer "
                  "parameters and so needs far less GPU memory.", evidence=c24_evidence)
 def c24(ev: dict) -> claims.Verdict:
-    """Holds if under 1% of the parameters train and LoRA's peak at the shortest context is under ``far_less`` of full's; caveat if saved activations are at least ``dominated`` of LoRA's peak at the longest; wrong otherwise."""
+    """Holds if under 1% of the parameters train and LoRA's peak is far under full's.
+
+    LoRA's peak at the shortest context must be under ``far_less`` of full's. Caveat if saved
+    activations are at least ``dominated`` of LoRA's peak at the longest; wrong otherwise.
+    """
     return claims.with_sensitivity(_c24, ev, "far_less", (0.1, 0.33, 0.5, 0.67),
                                    lambda f: f"'far less' read as under {f:.0%}")
 
@@ -125,7 +143,11 @@ def c25_evidence() -> dict:
                  "outputs, so reinforcement learning from feedback needs no second model copy.",
                  evidence=c25_evidence)
 def c25(ev: dict) -> claims.Verdict:
-    """Holds if switching the (trained, non-zero) adapters off gives the base's logits bit for bit; caveat if merged adapters do not; wrong if kept-apart ones do not."""
+    """Holds if switching the adapters off gives the base's logits bit for bit.
+
+    The adapters are trained and non-zero. Caveat if merged adapters do not; wrong if kept-apart
+    ones do not.
+    """
     u, m = ev["unmerged"], ev["merged"]
     holds = u["identical"] and u["tuned_differs"]
     same = ("bit for bit" if u["identical"]
@@ -145,7 +167,10 @@ def c25(ev: dict) -> claims.Verdict:
 
 # C26 -------------------------------------------------------------------------------------------
 def c26_evidence() -> dict:
-    """NeoX-20B shapes with an int8 or NF4 base and LoRA, checkpointing off and on, at several lengths, against a 24 GB card (chapter: 5)."""
+    """NeoX-20B shapes with an int8 or NF4 base and LoRA, against a 24 GB card (chapter: 5).
+
+    With checkpointing off and on, at several lengths.
+    """
     runs = {T: twenty_b(seq_len=T) for T in (256, 512, 1024, 2048)}
     any_run = runs[512]
     return dict(parameters=NEOX_20B.num_parameters(), gpu=any_run.gpu,
@@ -177,6 +202,9 @@ def _c26(ev: dict) -> claims.Verdict:
 @claims.register("C26", _CH5, "A 20B model can be fine-tuned on a 24 GB consumer GPU using "
                  "8-bit weights and LoRA.", evidence=c26_evidence)
 def c26(ev: dict) -> claims.Verdict:
-    """Holds if the int8 base with LoRA fits without checkpointing at the stated batch and length; caveat if only with it; wrong if not at all."""
+    """Holds if the int8 base with LoRA fits without checkpointing.
+
+    It must fit at the stated batch and length. Caveat if only with it; wrong if not at all.
+    """
     return claims.with_sensitivity(_c26, ev, "seq_len", tuple(sorted(ev["peaks"])),
                                    lambda t: f"{t} tokens per sequence")

@@ -125,7 +125,10 @@ def shifted(cfg: LMConfig) -> LMConfig:
 
 def finetune_comparison(scale: str | None = None, *, config: LMConfig | None = None,
                         steps: int | None = None, setups=None, device=None) -> FinetuneComparison:
-    """Fine-tune the chapter 3 model on a new chain with each set-up; memory, time and quality (chapter: 5)."""
+    """Fine-tune the chapter 3 model on a new chain with each set-up (chapter: 5).
+
+    It gives memory, time and quality.
+    """
     scale = get_scale(scale)
     cfg = config_for(scale, config)
     steps = check_positive_int("steps", steps if steps is not None else STEPS[scale])

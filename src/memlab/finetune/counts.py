@@ -29,7 +29,10 @@ def block_parameters(cfg: ModelConfig) -> int:
 
 
 def adapted_linears(cfg: ModelConfig, lora: LoraConfig) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each linear of a block that LoRA adapts, by name; an unknown target is refused (chapter: 5)."""
+    """(in, out) features of each linear of a block that LoRA adapts, by name (chapter: 5).
+
+    An unknown target is refused.
+    """
     shapes = block_linear_shapes(cfg)
     if lora.target_modules != "all-linear":
         unknown = [t for t in lora.target_modules if t not in shapes]
@@ -46,7 +49,10 @@ def lora_parameters(cfg: ModelConfig, lora: LoraConfig) -> int:
 
 def trainable_parameters(model: ModelConfig | str, *, lora: LoraConfig | None = None,
                          train_last: int | None = None) -> int:
-    """Parameters a fine-tuning set-up trains: all of them, the last ``train_last`` blocks, or LoRA's adapters (chapter: 5)."""
+    """Parameters a fine-tuning set-up trains (chapter: 5).
+
+    All of them, the last ``train_last`` blocks, or LoRA's adapters.
+    """
     cfg = model if isinstance(model, ModelConfig) else get_config(model)
     if lora is not None and not isinstance(lora, LoraConfig):
         raise MemlabError(f"lora must be a LoraConfig, got {type(lora).__name__}")

@@ -1,4 +1,6 @@
-"""The estimator held to the CUDA caching allocator: ``torch.cuda.max_memory_allocated`` over a grid (chapter 1).
+"""The estimator held to the CUDA caching allocator over a grid (chapter 1).
+
+The allocator's number is ``torch.cuda.max_memory_allocated``.
 
 It lives with the fine-tuning part because its grid includes LoRA and QLoRA steps, which that
 part builds; chapter 1 shows it.
@@ -43,7 +45,10 @@ CUDA_GRIDS = {
 
 @dataclass(frozen=True)
 class CudaRow:
-    """One step on the GPU: its estimate with CUDA conventions, the allocator's peak, MemTracker's (chapter: 1)."""
+    """One step on the GPU: its estimate and two peaks (chapter: 1).
+
+    The estimate follows CUDA conventions; the peaks are the allocator's and MemTracker's.
+    """
 
     model: str
     setup: str  # one of SETUPS
@@ -137,7 +142,10 @@ def _grid(g: dict):
 
 
 def cublas_workspace_bytes(device) -> int:
-    """Bytes the allocator keeps after this process's first matrix products (cuBLAS's workspace) (chapter: 1)."""
+    """Bytes the allocator keeps after this process's first matrix products (chapter: 1).
+
+    They are cuBLAS's workspace.
+    """
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
     for dtype in (torch.float32, torch.bfloat16):

@@ -84,7 +84,10 @@ def quantized_weight_bytes(in_features: int, out_features: int, scheme: str) -> 
 
 def base_weight_bytes(model: ModelConfig | str, precision: str = "bf16-mixed",
                       quantize_base: str | None = None) -> int:
-    """Bytes of the frozen base as stored: the parameters' dtype, or quantized block linears beside the rest (chapter: 5)."""
+    """Bytes of the frozen base as stored (chapter: 5).
+
+    In the parameters' dtype, or quantized block linears beside the rest.
+    """
     cfg = model if isinstance(model, ModelConfig) else get_config(model)
     check_choice("precision", precision, tuple(PARAM_BYTES))
     pb = PARAM_BYTES[precision]
@@ -199,7 +202,9 @@ def _first_trained_block(cfg: ModelConfig, block: list[SavedTensor]) -> list[Sav
 def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig | None = None,
                       train_last: int | None = None, quantize_base: str | None = None,
                       device: str = "cuda", **switches) -> MemoryEstimate:
-    """Estimate a fine-tuning step's bytes by category and phase: full, last blocks, LoRA or QLoRA (chapter: 5).
+    """Estimate a fine-tuning step's bytes by category and phase (chapter: 5).
+
+    For full, last blocks, LoRA or QLoRA.
 
     ``model`` is a preset name or config with the switches of a
     :class:`~memlab.measure.step.StepSpec` (``batch_size``, ``seq_len``, ``precision``, ...), or a

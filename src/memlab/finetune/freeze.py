@@ -18,7 +18,10 @@ def count_trainable(model: nn.Module) -> int:
 
 
 def freeze_all_but(model: nn.Module, prefixes) -> int:
-    """Freeze every parameter whose qualified name does not start with one of ``prefixes``; returns the trainable count (chapter: 5)."""
+    """Freeze every parameter whose qualified name starts with none of ``prefixes`` (chapter: 5).
+
+    It returns the trainable count.
+    """
     prefixes = (prefixes,) if isinstance(prefixes, str) else tuple(prefixes)
     if not prefixes:
         raise MemlabError("name at least one module to keep trainable")

@@ -63,7 +63,10 @@ class LoraConfig:
         return self.alpha / self.r
 
     def selects(self, name: str) -> bool:
-        """Whether the block linear at qualified ``name`` gets an adapter, matched on its last name part (chapter: 5)."""
+        """Whether the block linear at qualified ``name`` gets an adapter (chapter: 5).
+
+        It is matched on its last name part.
+        """
         return self.target_modules == ALL_LINEAR or name.rsplit(".", 1)[-1] in self.target_modules
 
 
@@ -131,7 +134,10 @@ def lora_layers(model: nn.Module) -> dict[str, LoraLinear]:
 
 
 def inject_lora(model: nn.Module, config: LoraConfig) -> dict[str, LoraLinear]:
-    """Freeze the model and wrap every targeted block linear in a :class:`LoraLinear`; returns them by name (chapter: 5)."""
+    """Freeze the model and wrap every targeted block linear in a :class:`LoraLinear` (chapter: 5).
+
+    It returns them by name.
+    """
     if not isinstance(config, LoraConfig):
         raise MemlabError(f"config must be a LoraConfig, got {type(config).__name__}")
     if lora_layers(model):

@@ -1,4 +1,6 @@
-"""Which GPU fits which fine-tuning set-up: estimated for real model shapes, traced where tracing works.
+"""Which GPU fits which fine-tuning set-up.
+
+Estimated for real model shapes, traced where tracing works.
 
 Every row comes from :func:`memlab.finetune.estimate.estimate_finetune`; a row is also traced on
 fake tensors (:func:`memlab.measure.step.trace_step`) when asked and when the set-up can be traced
@@ -57,7 +59,10 @@ class FitRow:
 
 @dataclass(frozen=True)
 class FitTable:
-    """Fine-tuning set-ups of several models at one batch and sequence, against the GPU catalogue (chapter: 5)."""
+    """Fine-tuning set-ups of several models at one batch and sequence (chapter: 5).
+
+    They are set against the GPU catalogue.
+    """
 
     batch_size: int
     seq_len: int
@@ -93,7 +98,10 @@ def _row(cfg: ModelConfig, setup: Setup, precision: str, B: int, T: int, ckpt: b
 def fit_table(models=("llama2-7b", "llama2-13b", "llama2-70b"), *, batch_size: int = 4,
               seq_len: int = 2048, checkpointing=(False, True), traced=(), setups=PLAN_SETUPS,
               gpus=CATALOGUE) -> FitTable:
-    """Every set-up of every model, estimated (traced for the models in ``traced``), against each GPU (chapter: 5)."""
+    """Every set-up of every model, estimated, against each GPU (chapter: 5).
+
+    Traced too for the models in ``traced``.
+    """
     check_positive_int("batch_size", batch_size)
     check_positive_int("seq_len", seq_len)
     cfgs = [m if isinstance(m, ModelConfig) else get_config(m) for m in models]
@@ -128,7 +136,10 @@ class ContextRow:
 
 @dataclass(frozen=True)
 class ContextSweep:
-    """LoRA against full fine-tuning as the context grows, and the choice of rank and targets at one length (chapter: 5)."""
+    """LoRA against full fine-tuning as the context grows (chapter: 5).
+
+    Also the choice of rank and targets at one length.
+    """
 
     model: str
     batch_size: int
@@ -143,7 +154,9 @@ def context_sweep(model: str = "llama2-7b", *, batch_size: int = 1,
                   lengths=(512, 1024, 2048, 4096, 8192, 16384), ranks=(4, 8, 16, 64),
                   targets=(("q_proj", "v_proj"), "all-linear"), choice_seq_len: int = 4096,
                   precision: str = "bf16-mixed", lora_precision: str = "bf16") -> ContextSweep:
-    """Estimated peaks of full fine-tuning and LoRA (r=8 on q, v) against T; then rank and targets at one T (chapter: 5).
+    """Estimated peaks of full fine-tuning and LoRA against T (chapter: 5).
+
+    LoRA with r=8 on q, v; then rank and targets at one T.
 
     Full fine-tuning runs in ``precision`` (fp32 master weights by default); LoRA in
     ``lora_precision``, a base stored in 16 bits by default, as a model loaded in bf16 and
@@ -173,7 +186,10 @@ def context_sweep(model: str = "llama2-7b", *, batch_size: int = 1,
 
 @dataclass(frozen=True)
 class TwentyB:
-    """NeoX-20B shapes with an 8-bit or 4-bit base and LoRA, checkpointing off and on, against a 24 GB card (chapter: 5)."""
+    """NeoX-20B shapes with an 8-bit or 4-bit base and LoRA, against a 24 GB card (chapter: 5).
+
+    With checkpointing off and on.
+    """
 
     gpu: str
     usable_bytes: int

@@ -20,13 +20,18 @@ BASE_SCHEMES = ("nf4", "nf4-dq", "fp4", "int8")  # what a frozen base can be sto
 
 
 def compute_dtype_for(device: torch.device) -> torch.dtype:
-    """QLoRA's compute dtype: bf16 on a GPU, fp32 on a CPU, where a 16-bit 4-bit backward is far slower (chapter: 5)."""
+    """QLoRA's compute dtype: bf16 on a GPU, fp32 on a CPU (chapter: 5).
+
+    On a CPU a 16-bit 4-bit backward is far slower.
+    """
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 def quantize_base(model: nn.Module, scheme: str = "nf4-dq", *,
                   compute_dtype: torch.dtype | None = None) -> nn.Module:
-    """Replace every block linear by bitsandbytes' layer of ``scheme``, frozen, on the model's device (chapter: 5).
+    """Replace every block linear by bitsandbytes' layer of ``scheme`` (chapter: 5).
+
+    Each is frozen, on the model's device.
 
     A ``Linear4bit`` quantizes its weight when it is moved to its device (``.to(device)``,
     ``"cpu"`` included) before its first forward; unmoved, it would run on the full-precision

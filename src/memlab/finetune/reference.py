@@ -29,7 +29,10 @@ class ReferenceCheck:
 
 @torch.no_grad()
 def reference_check(tuned: nn.Module, base: nn.Module, idx: torch.Tensor) -> ReferenceCheck:
-    """Logits of ``tuned`` with its adapters off against ``base``'s, and the bytes a second copy costs (chapter: 5)."""
+    """Logits of ``tuned`` with its adapters off against ``base``'s (chapter: 5).
+
+    With the bytes a second copy costs.
+    """
     with adapters_disabled(tuned):
         off = tuned(idx)
     ref = base(idx)
@@ -52,7 +55,10 @@ class ReferenceResult:
 
 
 def reference_experiment(scale: str | None = None, *, device=None, r: int = 8) -> ReferenceResult:
-    """The chapter 3 model with LoRA adapters (B drawn non-zero, as after tuning): adapters off, kept apart and merged (chapter: 5)."""
+    """The chapter 3 model with LoRA adapters: off, kept apart and merged (chapter: 5).
+
+    B is drawn non-zero, as after tuning.
+    """
     import copy
 
     from memlab.finetune.lora import LoraConfig, inject_lora, merge_lora

@@ -1,4 +1,6 @@
-"""Labs: autograded exercises, checked in the notebook; the student versions are in :mod:`memlab.labs.student`.
+"""Labs: autograded exercises, checked in the notebook.
+
+The student versions are in :mod:`memlab.labs.student`.
 
 An instructor defines a lab's exercises here in the library, never in the notebook, so
 that every expected value is computed by memlab at check time::
@@ -293,7 +295,10 @@ def one_line(text) -> str:
 
 def call_learner(fn: Callable, args: Mapping, name: str,
                  show: Callable[[Any], str] = repr) -> tuple[Any, str]:
-    """``fn`` called with ``args``' values in order, and '', or None and a one-line message saying what it raised (chapter: all)."""
+    """``fn`` called with ``args``' values in order, and '' (chapter: all).
+
+    Or None and a one-line message saying what it raised.
+    """
     try:
         return fn(*args.values()), ""
     except Exception as exc:
@@ -386,7 +391,10 @@ def _plain(value: Any) -> Any:
 
 
 def answer_number(value: Any) -> float | None:
-    """A learner's answer as a float (Python, numpy and torch real scalars, 1-element tensors), else None (chapters: 2, 3)."""
+    """A learner's answer as a float, else None (chapters: 2, 3).
+
+    It takes Python, numpy and torch real scalars, and 1-element tensors.
+    """
     if isinstance(value, bool):
         return None
     if isinstance(value, numbers.Real):
@@ -402,7 +410,10 @@ def answer_number(value: Any) -> float | None:
 
 
 def answer_keys_problem(answer: Any, keys: Iterable[str], name: str) -> str | None:
-    """Why a dict answer does not have exactly the keys ``keys`` (named ``name``), all filled in; None if it does (chapters: 2, 3)."""
+    """Why a dict answer does not have exactly the keys ``keys``, all filled in (chapters: 2, 3).
+
+    The answer is named ``name``. None if it does.
+    """
     keys = list(keys)
     if not isinstance(answer, Mapping):
         return f"answer a dict with the keys of {name}, got {type(answer).__name__}"
@@ -418,7 +429,9 @@ def answer_keys_problem(answer: Any, keys: Iterable[str], name: str) -> str | No
 
 def check_each_key(answer: Any, keys: Iterable[str], name: str,
                    problem: Callable[[str, Any], str], *, counted: bool = True):
-    """Check a dict answer key by key: ``True``, or ``(False, why)`` with one ``'key': why`` per wrong key (chapter: labs).
+    """Check a dict answer key by key (chapter: labs).
+
+    ``True``, or ``(False, why)`` with one ``'key': why`` per wrong key.
 
     The answer must have exactly the keys ``keys`` (named ``name`` in the message), all filled
     in (:func:`answer_keys_problem`); then ``problem(key, answer[key])`` says why that value is
@@ -455,7 +468,10 @@ def number_problem(value: Any, expected: float, *, fallback: str, ask: str = "a 
 
 
 def answer_tensor(value: Any):
-    """An answer as a torch tensor (float64 unless it is one already), or None if it is not numbers (chapter: labs)."""
+    """An answer as a torch tensor, or None if it is not numbers (chapter: labs).
+
+    float64 unless it is a tensor already.
+    """
     import torch
 
     if isinstance(value, torch.Tensor):
@@ -485,7 +501,9 @@ def close_to(a: float, b: float, rtol: float) -> bool:
 
 
 def named_slip(answer: float, slips: Iterable[tuple[float, str]], rtol: float) -> str:
-    """The hint of the first typical wrong answer ``answer`` matches within ``rtol``, else '' (chapters: labs).
+    """The hint of the first typical wrong answer ``answer`` matches, else '' (chapters: labs).
+
+    It matches within ``rtol``.
 
     ``slips`` holds (the value a misconception gives, the hint that names it, and optionally a
     short label), each value computed from what the check compares with, so a hint fires only on

@@ -87,7 +87,10 @@ def _judge_bytes(answer, expected: float, rtol: float, slips, fallback: str):
 
 
 def check_temporaries(answer, peaks: dict[str, int], x_bytes: int, rtol: float = PEAK_RTOL):
-    """Check the predicted peaks of ``x * 2 + 1`` and ``(x * 2).add_(1)`` against measure_peak (chapter: 0)."""
+    """Check the predicted peaks of ``x * 2 + 1`` and ``(x * 2).add_(1)`` (chapter: 0).
+
+    They are held to measure_peak.
+    """
     slips = {
         "x * 2 + 1": [
             (x_bytes, "x * 2 is a temporary that is still alive while + 1 writes its result: "

@@ -75,7 +75,9 @@ def one_block_bytes(blocks) -> int:
 
 def trace_blocks(attention: str, seq_len: int,
                  batch_size: int = BLOCK["batch_size"]) -> dict[int, StepMemory]:
-    """Traced steps of exercise 1.2's model with 1 and with 2 blocks, keyed by the number of blocks (chapter: 1).
+    """Traced steps of exercise 1.2's model with 1 and with 2 blocks (chapter: 1).
+
+    They are keyed by the number of blocks.
 
     The difference of their saved activations is one block's: embeddings, head and loss cancel.
     """
@@ -227,7 +229,10 @@ def block_slips(cfg: ModelConfig, batch_size: int, seq_len: int, traced: int,
 
 
 def check_block(answer, blocks, rtol: float = BLOCK_RTOL):
-    """Check one block's predicted saved bytes against the traced difference of 2 and 1 blocks (chapter: 1)."""
+    """Check one block's predicted saved bytes (chapter: 1).
+
+    They are held to the traced difference of 2 and 1 blocks.
+    """
     got = answer_number(answer)
     if got is None:
         return False, f"answer a number of bytes, got {type(answer).__name__}"

@@ -151,7 +151,10 @@ def relative_error(y: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def quantized_parameters(cfg: ModelConfig) -> int:
-    """Parameters of the blocks' Linear weights (q, k, v, o and the MLP) of a Llama-style model (chapter: 3)."""
+    """Parameters of the blocks' Linear weights of a Llama-style model (chapter: 3).
+
+    The weights are q, k, v, o and the MLP's.
+    """
     C, F, kv = cfg.d_model, cfg.ffn_dim, cfg.kv_heads * cfg.head_dim
     return cfg.n_layer * (2 * C * C + 2 * C * kv + 3 * C * F)
 
@@ -172,7 +175,10 @@ def model_weights_gb(model: str = MODEL, bits: float | None = None,
 
 def int8_errors(x: torch.Tensor, weight: torch.Tensor,
                 threshold: float = LLM_INT8_THRESHOLD) -> dict[str, float]:
-    """Relative output error of plain vector-wise int8 and of LLM.int8() against x @ W.T in fp64 (chapter: 3)."""
+    """Relative output error of plain vector-wise int8 and of LLM.int8() (chapter: 3).
+
+    Each is held to x @ W.T in fp64.
+    """
     reference = x.double() @ weight.double().T
     return {
         "int8": relative_error(llm_int8_matmul(x, weight, threshold=0.0), reference),
@@ -212,7 +218,10 @@ def _store(scheme: str, w: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def scheme_table(weight: torch.Tensor | None = None,
                  inputs: torch.Tensor | None = None) -> list[SchemeRow]:
-    """Every scheme of :data:`LAB_SCHEMES` applied to the layer: bytes stored and output error (chapter: 3)."""
+    """Every scheme of :data:`LAB_SCHEMES` applied to the layer (chapter: 3).
+
+    It gives bytes stored and output error.
+    """
     w = heavy_tailed_weight() if weight is None else weight
     x = layer_inputs() if inputs is None else inputs
     reference = x.double() @ w.double().T

@@ -93,13 +93,19 @@ def scores(rows: int = SCORES["rows"], cols: int = SCORES["cols"], std: float = 
 
 
 def blocks(x: torch.Tensor, block: int = BLOCK) -> list[torch.Tensor]:
-    """The key blocks of ``x``: its columns in runs of ``block``, the last one possibly shorter (chapter: 4)."""
+    """The key blocks of ``x``: its columns in runs of ``block`` (chapter: 4).
+
+    The last one may be shorter.
+    """
     check_positive_int("block", block)
     return [x[..., c0:c0 + block] for c0 in range(0, x.size(-1), block)]
 
 
 def run_online(update: Callable, x: torch.Tensor, block: int = BLOCK) -> list[tuple]:
-    """``update(m, l, x_block)`` applied block by block from m = -inf, l = 0; its output per block (chapter: 4)."""
+    """``update(m, l, x_block)`` applied block by block from m = -inf, l = 0 (chapter: 4).
+
+    It returns its output per block.
+    """
     m = torch.full(x.shape[:-1], float("-inf"))
     l = torch.zeros(x.shape[:-1])  # noqa: E741 (the papers' l)
     steps = []
@@ -266,7 +272,10 @@ def measured_saved_bytes(impl: str = "naive", **shape) -> int:
 
 
 def saved_tensors(fn: Callable, *args) -> list[SavedTensor]:
-    """The tensors autograd keeps while ``fn(*args)`` runs, each storage once, in the order saved (chapter: 4)."""
+    """The tensors autograd keeps while ``fn(*args)`` runs (chapter: 4).
+
+    Each storage once, in the order saved.
+    """
     seen: dict[int, SavedTensor] = {}
 
     def pack(t):
@@ -352,7 +361,9 @@ def kv_budget_bytes(model: ModelConfig | str, gpu: str, precision: str = "bf16")
 def longest_kv_context(model: ModelConfig | str = CONTEXT["model"], gpu: str = CONTEXT["gpu"],
                        batch_size: int = CONTEXT["batch_size"],
                        precision: str = CONTEXT["precision"]) -> int:
-    """Longest context (tokens per sequence) whose KV cache for the batch fits :func:`kv_budget_bytes` (chapter: 4).
+    """Longest context whose KV cache for the batch fits :func:`kv_budget_bytes` (chapter: 4).
+
+    The context is in tokens per sequence.
 
     Only the weights and the cache are counted: no activations, no cap at the model's maximum
     context (:func:`memlab.attention.kv.longest_context` counts both).
@@ -498,12 +509,18 @@ def gqa_cache_bytes(n_kv_head: int, model: ModelConfig | str = GQA["model"],
 
 
 def gqa_budget_bytes() -> int:
-    """The KV budget of exercise 4.4: what :data:`GQA`'s weights leave of its GPU's usable memory (chapter: 4)."""
+    """The KV budget of exercise 4.4 (chapter: 4).
+
+    What :data:`GQA`'s weights leave of its GPU's usable memory.
+    """
     return kv_budget_bytes(GQA["model"], GQA["gpu"], GQA["precision"])
 
 
 def gqa_table(batch_size: int = GQA["batch_size"], context: int = GQA["context"]) -> list[GQARow]:
-    """Every valid n_kv_head of :data:`GQA`'s model: the cache it takes and the stand-in's error (chapter: 4)."""
+    """Every valid n_kv_head of :data:`GQA`'s model (chapter: 4).
+
+    With the cache it takes and the stand-in's error.
+    """
     cfg = _config(GQA["model"])
     rows = []
     for n in sorted(kv_head_choices(cfg.n_head)):

@@ -104,7 +104,10 @@ def lora_config(case: Mapping) -> LoraConfig:
 
 
 def lora_count(key: str) -> int:
-    """Adapter parameters of one case of :data:`LORA_CASES`, from :func:`memlab.finetune.lora_parameters` (chapter: 5)."""
+    """Adapter parameters of one case of :data:`LORA_CASES` (chapter: 5).
+
+    From :func:`memlab.finetune.lora_parameters`.
+    """
     check_choice("LoRA case", key, LORA_CASES)
     case = LORA_CASES[key]
     return lora_parameters(_config(case["model"]), lora_config(case))
@@ -187,13 +190,19 @@ def lora_inputs(batch_size: int = LAYER["batch_size"], tokens: int = LAYER["toke
 
 def merged_output(t: Mapping[str, torch.Tensor], alpha: float = LAYER["alpha"],
                   r: int = LAYER["r"]) -> torch.Tensor:
-    """x (W + (alpha / r) B A)^T + b: the layer's output with the update merged into its weight, fp32 (chapter: 5)."""
+    """x (W + (alpha / r) B A)^T + b, fp32 (chapter: 5).
+
+    The layer's output with the update merged into its weight.
+    """
     merged = t["weight"] + (alpha / r) * t["B"] @ t["A"]  # (out, in)
     return F.linear(t["x"], merged, t["bias"])
 
 
 def lora_layer(alpha: float = LAYER["alpha"], r: int = LAYER["r"]) -> LoraLinear:
-    """memlab's :class:`~memlab.finetune.LoraLinear` holding :func:`lora_inputs`' weight, bias, A and B (chapter: 5)."""
+    """memlab's :class:`~memlab.finetune.LoraLinear` on :func:`lora_inputs`' tensors (chapter: 5).
+
+    It holds their weight, bias, A and B.
+    """
     t = lora_inputs(r=r)
     base = nn.Linear(LAYER["in_features"], LAYER["out_features"])
     layer = LoraLinear(base, r, alpha)
@@ -236,7 +245,10 @@ def forward_slips(t: Mapping[str, torch.Tensor], alpha: float = LAYER["alpha"],
 
 
 def check_lora_forward(answer, rtol: float = FORWARD_RTOL):
-    """Check a lora_linear(x, weight, bias, A, B, alpha, r) function against the merged weight's output (chapter: 5)."""
+    """Check a lora_linear(x, weight, bias, A, B, alpha, r) function (chapter: 5).
+
+    It is held to the merged weight's output.
+    """
     if not callable(answer):
         return False, f"answer the function lora_linear itself, got {type(answer).__name__}"
     t = lora_inputs()
@@ -295,7 +307,10 @@ def linear_parameters(cfg: ModelConfig) -> int:
 
 
 def qlora_weight_parts() -> dict[str, int]:
-    """Bytes of :data:`QLORA_SETUP`'s weights by part: quantized block linears, the rest, adapters (chapter: 5)."""
+    """Bytes of :data:`QLORA_SETUP`'s weights by part (chapter: 5).
+
+    The parts are quantized block linears, the rest, and adapters.
+    """
     cfg = _config(QLORA_SETUP["model"])
     precision, scheme = QLORA_SETUP["precision"], QLORA_SETUP["quantize_base"]
     quant = cfg.n_layer * sum(quantized_weight_bytes(i, o, scheme)
@@ -371,7 +386,10 @@ def check_weight_bytes(answer, rtol: float = WEIGHTS_RTOL):
 
 
 def preference_key(name: str) -> tuple[int, bool, bool]:
-    """The menu's order: the most trainable parameters first, then a 16-bit base, then no checkpointing (chapter: 5)."""
+    """The menu's order (chapter: 5).
+
+    The most trainable parameters first, then a 16-bit base, then no checkpointing.
+    """
     check_choice("set-up", name, MENU)
     s = MENU[name]
     trained = trainable_parameters(JOB["model"], lora=s.get("lora"))
@@ -379,7 +397,10 @@ def preference_key(name: str) -> tuple[int, bool, bool]:
 
 
 def describe_setup(name: str) -> dict[str, object]:
-    """One set-up of :data:`MENU` in words: precision, adapters, base, checkpointing, trainable parameters (chapter: 5)."""
+    """One set-up of :data:`MENU` in words (chapter: 5).
+
+    Precision, adapters, base, checkpointing, trainable parameters.
+    """
     check_choice("set-up", name, MENU)
     s = MENU[name]
     lora = s.get("lora")
@@ -406,13 +427,19 @@ def setup_estimate(name: str, batch_size: int = JOB["batch_size"],
 
 
 def first_fitting(limit_bytes: int, measure: Callable[[str], int]) -> str:
-    """The first set-up of :data:`MENU` whose ``measure(name)`` is at most ``limit_bytes``, else 'none' (chapter: 5)."""
+    """The first set-up of :data:`MENU` with ``measure(name)`` <= ``limit_bytes`` (chapter: 5).
+
+    'none' if no set-up is that small.
+    """
     return next((name for name in MENU if measure(name) <= limit_bytes), NONE)
 
 
 def best_setup(gpu: str = JOB["gpu"], batch_size: int = JOB["batch_size"],
                seq_len: int = JOB["seq_len"]) -> str:
-    """The first set-up of :data:`MENU` whose estimated peak fits the GPU's usable memory, or 'none' (chapter: 5)."""
+    """The first set-up of :data:`MENU` whose estimated peak fits the GPU (chapter: 5).
+
+    The peak is held to the GPU's usable memory; 'none' if no set-up fits.
+    """
     return first_fitting(get_gpu(gpu).usable_bytes,
                          lambda name: setup_estimate(name, batch_size, seq_len).peak_bytes)
 

@@ -120,13 +120,19 @@ def _best_slip(wrong: Sequence[tuple[Mapping, object]], slips: Sequence[tuple[Ca
 
 
 def per_rank_cases() -> list[dict]:
-    """Every (parameters, stage, gpus, layout) of exercise 6.1: each case of :data:`PER_RANK_CASES` at every stage (chapter: 6)."""
+    """Every (parameters, stage, gpus, layout) of exercise 6.1 (chapter: 6).
+
+    Each case of :data:`PER_RANK_CASES` at every stage.
+    """
     return [dict(parameters=c["parameters"], stage=s, gpus=c["gpus"], layout=c["layout"])
             for c in PER_RANK_CASES for s in STAGES]
 
 
 def reference_per_rank(parameters: int, stage: int, gpus: int, layout: str) -> tuple[int, int, int]:
-    """(parameters, gradients, optimizer states) bytes one GPU holds, from :func:`~memlab.distributed.zero.model_states` (chapter: 6)."""
+    """(parameters, gradients, optimizer states) bytes one GPU holds (chapter: 6).
+
+    From :func:`~memlab.distributed.zero.model_states`.
+    """
     ms = model_states(parameters, stage, gpus, layout=layout)
     return ms.parameters, ms.gradients, ms.optimizer_states
 
@@ -230,7 +236,10 @@ def sent_cases() -> list[dict]:
 
 
 def reference_sent_bytes(parameters: int, stage: int, gpus: int, bytes_per_value: int) -> float:
-    """Bytes one rank sends in a step's collectives (:data:`STEP_COLLECTIVES`), ring algorithms (chapter: 6)."""
+    """Bytes one rank sends in a step's collectives (:data:`STEP_COLLECTIVES`) (chapter: 6).
+
+    Ring algorithms are assumed.
+    """
     stage, gpus = check_stage(stage), check_gpus(gpus)
     check_positive_int("bytes_per_value", bytes_per_value)
     payload = parameters * bytes_per_value
@@ -274,7 +283,10 @@ def sent_slips() -> list[tuple[Callable, str]]:
 
 
 def check_sent(answer, rtol: float = SENT_RTOL):
-    """Check a bytes_sent_per_step(parameters, stage, gpus, bytes_per_value) function against ring collectives (chapter: 6)."""
+    """Check a bytes_sent_per_step(parameters, stage, gpus, bytes_per_value) function (chapter: 6).
+
+    It is held to ring collectives.
+    """
     if not callable(answer):
         return False, (f"answer the function bytes_sent_per_step itself, got "
                        f"{type(answer).__name__}")
@@ -312,13 +324,19 @@ def fit_peak(model: str | ModelConfig, stage: int, gpus: int, **setup) -> int:
 
 
 def reference_smallest(model: str | ModelConfig, stage: int, gpu: str) -> int | None:
-    """The smallest number of ``gpu`` GPUs (up to MAX_GPUS) whose estimated per-GPU peak fits, or None (chapter: 6)."""
+    """The smallest number of ``gpu`` GPUs whose estimated per-GPU peak fits (chapter: 6).
+
+    Up to MAX_GPUS, or None.
+    """
     return smallest_gpus(model, stage, gpu=gpu, max_gpus=MAX_GPUS, **FIT_SETUP)
 
 
 def first_fit(measure: Callable[[int], int], limit_bytes: float,
               candidates: Sequence[int] | None = None) -> int | None:
-    """The smallest candidate N with ``measure(N) <= limit_bytes``, or None; ``measure`` never grows with N (chapter: 6)."""
+    """The smallest candidate N with ``measure(N) <= limit_bytes``, or None (chapter: 6).
+
+    ``measure`` never grows with N.
+    """
     candidates = list(candidates) if candidates is not None else None
     if candidates is not None:
         return next((n for n in candidates if measure(n) <= limit_bytes), None)
@@ -387,7 +405,10 @@ def _smallest_why(got: float | None, expected: int | None, case: Mapping) -> str
 
 
 def check_smallest(answer):
-    """Check a smallest_n(model, stage, gpu) function against plan.smallest_gpus on :data:`FIT_CASES` (chapter: 6)."""
+    """Check a smallest_n(model, stage, gpu) function (chapter: 6).
+
+    It is held to plan.smallest_gpus on :data:`FIT_CASES`.
+    """
     if not callable(answer):
         return False, f"answer the function smallest_n itself, got {type(answer).__name__}"
     results = {}
@@ -419,7 +440,10 @@ def check_smallest(answer):
 
 @dataclass(frozen=True)
 class GatherRun:
-    """One training step (forward and backward) under FSDP2, rank 0 of ``ranks`` fake ranks: what it gathered and sent."""
+    """One training step (forward and backward) under FSDP2, on rank 0 of ``ranks`` fake ranks.
+
+    It gives what the step gathered and sent.
+    """
 
     model: str
     config: dict  # the ModelConfig's fields
@@ -444,7 +468,10 @@ class GatherRun:
 
 
 def unit_bytes(cfg: ModelConfig, bytes_per_parameter: int = 4) -> dict[str, int]:
-    """Parameter bytes of the FSDP units: the embedding, one block, the final norm with the head (chapter: 6)."""
+    """Parameter bytes of the FSDP units (chapter: 6).
+
+    The embedding, one block, the final norm with the head.
+    """
     embed, block, head = param_groups(cfg)
     return {"embedding": bytes_per_parameter * sum(embed),
             "block": bytes_per_parameter * sum(block),
@@ -453,7 +480,9 @@ def unit_bytes(cfg: ModelConfig, bytes_per_parameter: int = 4) -> dict[str, int]
 
 @functools.cache
 def gather_run(ranks: int = TIMELINE_RUN["ranks"]) -> GatherRun:
-    """Measure :data:`TIMELINE_RUN`'s step under ZeRO-3 and ZeRO-2 (FSDP2) on ``ranks`` fake ranks in this process (chapter: 6).
+    """Measure :data:`TIMELINE_RUN`'s step under ZeRO-3 and ZeRO-2 (FSDP2) (chapter: 6).
+
+    On ``ranks`` fake ranks in this process.
 
     A fake process group stands in for the other ranks: its collectives move no data (the
     values are not trained), but rank 0 allocates, gathers and frees its parameters as on a
@@ -603,7 +632,10 @@ def recorded_gather() -> Record | None:
 
 
 def recorded_timeline_summary(record: Record | None = None) -> list[str]:
-    """One line per FSDP strategy of the recorded run: ranks, marks, largest gathered bytes, collectives (chapter: 6)."""
+    """One line per FSDP strategy of the recorded run (chapter: 6).
+
+    Ranks, marks, largest gathered bytes, collectives.
+    """
     record = record if record is not None else recorded_gather()
     if record is None:
         return ["no recorded GPU run of distributed-memory in results/"]

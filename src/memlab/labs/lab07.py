@@ -96,7 +96,10 @@ def _show(value) -> str:
 
 
 def _answers(answer: Callable, cases, args_of: Callable, name: str):
-    """The learner's answer on every case, and ``...``; or a verdict already: what it raised, or None (not attempted: None everywhere)."""
+    """The learner's answer on every case, and ``...``; or a verdict already.
+
+    The verdict is what it raised, or None (not attempted: None everywhere).
+    """
     results = {}
     for case in cases:
         out, raised = call_learner(answer, args_of(case), name, show=_show)
@@ -130,21 +133,27 @@ def _best_slip(wrong: Sequence[tuple[Mapping, object]], slips: Sequence[tuple[Ca
 
 
 def flop_case_args(case: str) -> dict:
-    """The arguments exercise 7.1 passes for one case of :data:`FLOP_CASES`: cfg, batch_size, seq_len (chapter: 7)."""
+    """Exercise 7.1's arguments of a :data:`FLOP_CASES` case: cfg, batch_size, seq_len (chapter: 7)."""
     check_choice("case", case, FLOP_CASES)
     c = FLOP_CASES[case]
     return dict(cfg=get_config(c["model"]), batch_size=c["batch_size"], seq_len=c["seq_len"])
 
 
 def reference_step_flops(cfg: ModelConfig, batch_size: int, seq_len: int) -> tuple[int, int]:
-    """(forward, backward) FLOPs of one training step as PyTorch's counter counts them, from :func:`step_flops` (chapter: 7)."""
+    """(forward, backward) FLOPs of one training step as PyTorch's counter counts them (chapter: 7).
+
+    From :func:`step_flops`.
+    """
     f = step_flops(cfg, batch_size=batch_size, seq_len=seq_len)
     return f.forward, f.backward
 
 
 @functools.cache
 def counted_step_flops(case: str = COUNTED_CASE) -> tuple[int, int]:
-    """(forward, backward) FLOPs of one case of :data:`FLOP_CASES`, counted by FlopCounterMode on fake tensors (chapter: 7)."""
+    """(forward, backward) FLOPs of one case of :data:`FLOP_CASES` (chapter: 7).
+
+    Counted by FlopCounterMode on fake tensors.
+    """
     args = flop_case_args(case)
     traced = trace_step(args["cfg"], batch_size=args["batch_size"], seq_len=args["seq_len"],
                         count_flops=True)
@@ -152,7 +161,10 @@ def counted_step_flops(case: str = COUNTED_CASE) -> tuple[int, int]:
 
 
 def expected_step_flops(case: str) -> tuple[int, int]:
-    """What exercise 7.1 expects for one case: the counter's count for :data:`COUNTED_CASE`, step_flops' for the others (chapter: 7)."""
+    """What exercise 7.1 expects for one case (chapter: 7).
+
+    The counter's count for :data:`COUNTED_CASE`, step_flops' for the others.
+    """
     if case == COUNTED_CASE:
         return counted_step_flops(case)
     return reference_step_flops(**flop_case_args(case))
@@ -162,7 +174,9 @@ def flops_by_terms(cfg: ModelConfig, batch_size: int, seq_len: int, *, attention
                    head: bool = True, attention_backward: float | None = None,
                    kv_heads: int | None = None, mlp_matrices: int | None = None,
                    every_parameter: bool = False) -> tuple[int, int]:
-    """(forward, backward) FLOPs term by term, each term switchable: the right count and its typical slips (chapter: 7).
+    """(forward, backward) FLOPs term by term, each term switchable (chapter: 7).
+
+    The right count and its typical slips.
 
     ``attention`` scales the attention term (0: left out, 0.5: causal halving);
     ``attention_backward`` replaces SDPA's backward-over-forward ratio; ``kv_heads`` and
@@ -233,7 +247,10 @@ def _which_wrong(got: tuple[float, float], expected: tuple[int, int], rtol: floa
 
 
 def check_step_flops(answer, rtol: float = FLOP_RTOL):
-    """Check a step_flops_from_config(cfg, batch_size, seq_len) function against step_flops and the counter (chapter: 7)."""
+    """Check a step_flops_from_config(cfg, batch_size, seq_len) function (chapter: 7).
+
+    It is held to step_flops and the counter.
+    """
     if not callable(answer):
         return False, (f"answer the function step_flops_from_config itself, got "
                        f"{type(answer).__name__}")
@@ -264,14 +281,19 @@ def check_step_flops(answer, rtol: float = FLOP_RTOL):
 
 
 def every_k_args(case: str) -> dict:
-    """The arguments exercise 7.2 passes for one case of :data:`EVERY_K_CASES`: cfg, batch_size, seq_len, k, precision (chapter: 7)."""
+    """The arguments exercise 7.2 passes for one case of :data:`EVERY_K_CASES` (chapter: 7).
+
+    cfg, batch_size, seq_len, k, precision.
+    """
     check_choice("case", case, EVERY_K_CASES)
     c = dict(EVERY_K_CASES[case])
     return dict(cfg=get_config(c.pop("model")), **c)
 
 
 def saved_pieces(cfg: ModelConfig, batch_size: int, seq_len: int, precision: str) -> dict[str, int]:
-    """Bytes of :data:`PIECES`: what one block saves, one block's input, what is saved outside the blocks (chapter: 7).
+    """Bytes of :data:`PIECES` (chapter: 7).
+
+    What one block saves, one block's input, what is saved outside the blocks.
 
     From :func:`memlab.memory.activations.saved_tensors`: a block's full list without
     checkpointing; the input a checkpointed block keeps, and what the step saves once (the final
@@ -292,7 +314,10 @@ def saved_pieces(cfg: ModelConfig, batch_size: int, seq_len: int, precision: str
 
 def reference_every_k(cfg: ModelConfig, batch_size: int, seq_len: int, k: int,
                       precision: str) -> tuple[int, int]:
-    """(saved activation bytes, recomputed FLOPs) of checkpointing every k-th block, from estimate and step_flops (chapter: 7)."""
+    """(saved activation bytes, recomputed FLOPs) of checkpointing every k-th block (chapter: 7).
+
+    From estimate and step_flops.
+    """
     check_positive_int("k", k)
     plan = f"every-{k}"
     saved = estimate(cfg, batch_size=batch_size, seq_len=seq_len, precision=precision,
@@ -309,7 +334,7 @@ def _block_forward(cfg: ModelConfig, B: int, T: int) -> tuple[int, int]:
 
 
 def every_k_byte_slips() -> list[tuple[Callable, str]]:
-    """Typical wrong saved-bytes answers of exercise 7.2, as functions of the case, each with its hint (chapter: 7)."""
+    """Typical wrong saved-bytes answers of exercise 7.2, per case, with hints (chapter: 7)."""
     def pieces(cfg, batch_size, seq_len, precision):
         p = saved_pieces(cfg, batch_size, seq_len, precision)
         return p["block"], p["block input"], p["outside the blocks"]
@@ -349,7 +374,7 @@ def every_k_byte_slips() -> list[tuple[Callable, str]]:
 
 
 def every_k_flop_slips() -> list[tuple[Callable, str]]:
-    """Typical wrong recomputed-FLOPs answers of exercise 7.2, as functions of the case, each with its hint (chapter: 7)."""
+    """Typical wrong recomputed-FLOPs answers of exercise 7.2, per case, with hints (chapter: 7)."""
     def rule(kept: Callable[[int, int], int], early_stop=True, head=False):
         def fn(cfg, batch_size, seq_len, k, precision):
             block, last = _block_forward(cfg, batch_size, seq_len)
@@ -384,7 +409,10 @@ def every_k_flop_slips() -> list[tuple[Callable, str]]:
 
 
 def check_every_k(answer, rtol: float = FLOP_RTOL):
-    """Check an every_k_prediction(cfg, batch_size, seq_len, k, precision) function against estimate and step_flops (chapter: 7)."""
+    """Check an every_k_prediction(cfg, batch_size, seq_len, k, precision) function (chapter: 7).
+
+    It is held to estimate and step_flops.
+    """
     if not callable(answer):
         return False, f"answer the function every_k_prediction itself, got {type(answer).__name__}"
     results, verdict = _answers(answer, EVERY_K_CASES, every_k_args, "every_k_prediction")
@@ -423,7 +451,10 @@ def check_every_k(answer, rtol: float = FLOP_RTOL):
 
 
 def micro_case_args(case: str) -> dict:
-    """The arguments exercise 7.3 passes for one case of :data:`MICRO_CASES`: model, global_batch, seq_len, budget_bytes, precision (chapter: 7)."""
+    """The arguments exercise 7.3 passes for one case of :data:`MICRO_CASES` (chapter: 7).
+
+    model, global_batch, seq_len, budget_bytes, precision.
+    """
     check_choice("case", case, MICRO_CASES)
     c = MICRO_CASES[case]
     return dict(model=c["model"], global_batch=c["global_batch"], seq_len=c["seq_len"],
@@ -432,7 +463,9 @@ def micro_case_args(case: str) -> dict:
 
 def micro_peak(model: ModelConfig | str, micro_batch: int, global_batch: int, seq_len: int,
                precision: str, *, accumulate: bool = True) -> int:
-    """Estimated peak bytes of a step of ``micro_batch`` sequences, with global_batch // micro_batch accumulation steps (chapter: 7).
+    """Estimated peak bytes of a step of ``micro_batch`` sequences (chapter: 7).
+
+    With global_batch // micro_batch accumulation steps.
 
     ``accumulate=False`` estimates one micro-batch as if it were the whole step (no gradients
     kept between micro-batches): a slip, kept for the hints and for comparison.
@@ -452,7 +485,10 @@ def divisors(n: int) -> list[int]:
 
 def reference_micro_batch(model: ModelConfig | str, global_batch: int, seq_len: int,
                           budget_bytes: int, precision: str) -> tuple[int, int] | None:
-    """(micro_batch, grad_accum): the largest divisor of the global batch whose estimated peak fits the budget, or None (chapter: 7)."""
+    """(micro_batch, grad_accum) of the largest micro-batch that fits, or None (chapter: 7).
+
+    micro_batch is the largest divisor of the global batch whose estimated peak fits the budget.
+    """
     for m in divisors(global_batch):
         if micro_peak(model, m, global_batch, seq_len, precision) <= budget_bytes:
             return m, global_batch // m
@@ -469,7 +505,10 @@ def _largest_fit(model, global_batch, seq_len, budget_bytes, precision, candidat
 
 
 def micro_slips(model, global_batch, seq_len, budget_bytes, precision) -> list[tuple[object, str]]:
-    """The answers typical mistakes give for one case of exercise 7.3, each with its hint; none equal the right one (chapter: 7)."""
+    """The answers typical mistakes give for one case of exercise 7.3 (chapter: 7).
+
+    Each comes with its hint; none equal the right one.
+    """
     args = (model, global_batch, seq_len, budget_bytes, precision)
     ds = divisors(global_batch)
     expected = reference_micro_batch(*args)
@@ -530,7 +569,10 @@ def _micro_why(got: tuple[int, int] | None, expected: tuple[int, int] | None, ar
 
 
 def check_micro_batch(answer):
-    """Check a choose_micro_batch(model, global_batch, seq_len, budget_bytes, precision) function on :data:`MICRO_CASES` (chapter: 7)."""
+    """Check a choose_micro_batch function on :data:`MICRO_CASES` (chapter: 7).
+
+    Its signature is choose_micro_batch(model, global_batch, seq_len, budget_bytes, precision).
+    """
     if not callable(answer):
         return False, f"answer the function choose_micro_batch itself, got {type(answer).__name__}"
     results, verdict = _answers(answer, MICRO_CASES, micro_case_args, "choose_micro_batch")
@@ -561,7 +603,10 @@ def check_micro_batch(answer):
 
 @functools.cache
 def lab_plan(model: str, gpu: str, global_batch: int, seq_len: int) -> MemoryPlan:
-    """The planner's set-ups for one case of :data:`PLAN_CASES`, on :data:`PLAN_GPU_COUNTS` GPUs (chapter: 7)."""
+    """The planner's set-ups for one case of :data:`PLAN_CASES` (chapter: 7).
+
+    On :data:`PLAN_GPU_COUNTS` GPUs.
+    """
     return plan_training(model, gpu, global_batch=global_batch, seq_len=seq_len,
                          gpu_counts=PLAN_GPU_COUNTS)
 
@@ -638,7 +683,10 @@ _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 
 
 def sentence_problem(sentence, row: PlanRow) -> str:
-    """Why a sentence does not give a row's per-GPU peak in GiB and its GPU-seconds to one decimal ('' when it does) (chapter: 7)."""
+    """Why a sentence does not give a row's peak and GPU-seconds ('' when it does) (chapter: 7).
+
+    The sentence must give the row's per-GPU peak in GiB and its GPU-seconds to one decimal.
+    """
     if not isinstance(sentence, str) or not sentence.strip():
         return f"the second value is a sentence (a string), got {type(sentence).__name__}"
     numbers = [float(n.replace(",", "")) for n in _NUMBER.findall(sentence)]
@@ -668,7 +716,10 @@ def sentence_problem(sentence, row: PlanRow) -> str:
 
 
 def check_setup(answer):
-    """Check a pick_setup(plan, max_gpus) function: the cheapest full-training row and a sentence with its numbers (chapter: 7)."""
+    """Check a pick_setup(plan, max_gpus) function (chapter: 7).
+
+    It must give the cheapest full-training row and a sentence with its numbers.
+    """
     if not callable(answer):
         return False, f"answer the function pick_setup itself, got {type(answer).__name__}"
     results, verdict = _answers(answer, PLAN_CASES, plan_case_args, "pick_setup")

@@ -1,4 +1,6 @@
-"""The student version of a lab: solutions stripped, mark schemes and hidden tests removed, outputs cleared.
+"""The student version of a lab.
+
+Solutions stripped, mark schemes and hidden tests removed, outputs cleared.
 
 The lab notebooks carry nbgrader's cell metadata and markers, and this module makes the same
 student version as nbgrader's ``generate_assignment`` (with ``ClearSolutions.code_stub =
@@ -184,7 +186,10 @@ def _source_lines(cell: dict) -> dict:
 
 
 def write_student_notebook(src: str | Path, out_dir: str | Path) -> tuple[Path, StripStats]:
-    """Read an instructor notebook, write its student version into ``out_dir``, return its path (chapter: labs)."""
+    """Read an instructor notebook and write its student version into ``out_dir`` (chapter: labs).
+
+    It returns the student version's path.
+    """
     src, out_dir = Path(src), Path(out_dir)
     try:
         nb = json.loads(src.read_text(encoding="utf-8"))

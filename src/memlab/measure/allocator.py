@@ -52,7 +52,9 @@ def _check_request(request_bytes) -> int:
 
 
 def cuda_block_size(request_bytes: int) -> int:
-    """Bytes of the block the CUDA caching allocator hands out for a request: a multiple of 512 (chapter: 0).
+    """Bytes of the block the CUDA caching allocator hands out for a request (chapter: 0).
+
+    A multiple of 512.
 
     ``round_size``: at least 512 bytes, rounded up to a multiple of 512 (the default setting,
     without ``roundup_power2_divisions``). A request of 0 bytes allocates nothing.
@@ -98,7 +100,10 @@ def cuda_allocated_size(request_bytes: int) -> int:
 
 
 def format_size(n_bytes: int) -> str:
-    """A byte count as the allocator prints it: 'bytes' up to 1 KiB, then KiB, MiB, GiB, 2 decimals (chapter: 0)."""
+    """A byte count as the allocator prints it (chapter: 0).
+
+    'bytes' up to 1 KiB, then KiB, MiB, GiB, 2 decimals.
+    """
     n = _check_request(n_bytes)
     if n <= 1024:
         return f"{n} bytes"
@@ -239,7 +244,10 @@ class OutOfMemory:
         return self.reserved_bytes - self.allocated_bytes
 
     def message(self) -> str:
-        """The error text, in the format of CUDACachingAllocator.cpp's malloc as torch 2.10+ prints it (chapter: 0)."""
+        """The error text, in the format of CUDACachingAllocator.cpp's malloc (chapter: 0).
+
+        As torch 2.10+ prints it.
+        """
         f = format_size
         return (
             f"CUDA out of memory. Tried to allocate {f(self.tried_bytes)}. GPU 0 has a total "
@@ -316,7 +324,9 @@ def _serve(pool: _Pool, request: int, reserved: int, capacity: int,
 def first_oom(requests: Sequence[tuple[str, int]], gpu: GPU | str, *,
               non_pytorch_bytes: int = RESERVED_BYTES,
               expandable_segments: bool = False) -> OutOfMemory | None:
-    """Replay ``(label, bytes)`` requests, never freed, through the allocator's rules; the first that fails (chapter: 0).
+    """Replay ``(label, bytes)`` requests, never freed, through the allocator's rules (chapter: 0).
+
+    It returns the first that fails.
 
     The GPU's nvidia-smi total is its capacity; ``non_pytorch_bytes`` (the book's stated
     reserve, :data:`memlab.gpus.RESERVED_BYTES`) is held by the CUDA context and everything
@@ -353,7 +363,9 @@ def first_oom(requests: Sequence[tuple[str, int]], gpu: GPU | str, *,
 
 
 def model_state_requests(config_or_spec: StepSpec | str, **switches) -> list[tuple[str, int]]:
-    """The model states' device requests in the order a first step makes them, ``(label, bytes)`` (chapter: 0).
+    """The model states' device requests in the order a first step makes them (chapter: 0).
+
+    As ``(label, bytes)``.
 
     Parameters, then their gradients, then the optimizer's states as ``torch.optim`` creates
     them in its first step (Adam: a step counter on the device only when fused, then ``exp_avg``

@@ -1,5 +1,7 @@
-"""The CUDA caching allocator measured on a GPU: blocks, fragmentation with expandable segments off and on,
-a real out-of-memory message read number by number, and a memory snapshot of one step (chapter 0).
+"""The CUDA caching allocator measured on a GPU (chapter 0).
+
+Blocks, fragmentation with expandable segments off and on, a real out-of-memory message read number
+by number, and a memory snapshot of one step.
 
 :mod:`memlab.measure.allocator` puts the allocator's rules in code; this module holds them to the
 allocator itself. Everything here needs a CUDA GPU; on another device :func:`allocator_record`
@@ -76,7 +78,10 @@ def printed_bytes(printed: str) -> float:
 
 @dataclass(frozen=True)
 class CapturedOOM:
-    """A real out-of-memory error on this GPU, its numbers, and the statistics read as it was raised (chapter: 0)."""
+    """A real out-of-memory error on this GPU and its numbers (chapter: 0).
+
+    With the statistics read as it was raised.
+    """
 
     message: str
     printed: dict[str, str]  # read_oom_message(message)
@@ -139,7 +144,10 @@ print("FRAGMENTATION " + json.dumps(fragmentation(device="cuda").as_dict()))
 
 
 def fragmentation_in_child(expandable: bool, timeout_s: float = 120.0) -> Fragmentation:
-    """:func:`fragmentation` in a fresh process with ``expandable_segments`` set before CUDA starts (chapter: 0)."""
+    """:func:`fragmentation` in a fresh process (chapter: 0).
+
+    ``expandable_segments`` is set before CUDA starts.
+    """
     from memlab.procs import run_child
 
     env = dict(os.environ, **{ALLOC_CONF_ENV: f"expandable_segments:{expandable}"})

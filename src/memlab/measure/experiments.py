@@ -51,7 +51,10 @@ TRACE_SIZES = {
     needs="cpu", cost_s=20, priority=200,
 )
 def trace_7b(scale: str | None = None, *, precision: str = "fp32", optimizer: str = "adamw"):
-    """A Llama-2-7B training step's bytes by category, traced without allocating, as ``StepMemory`` (chapter: 0)."""
+    """A Llama-2-7B training step's bytes by category, as ``StepMemory`` (chapter: 0).
+
+    They are traced without allocating.
+    """
     from memlab.measure.step import trace_step
 
     size = TRACE_SIZES[get_scale(scale)]

@@ -17,7 +17,10 @@ CPU_SDPA_OPS = ("_scaled_dot_product_flash_attention_for_cpu",
 
 
 def register_cpu_sdpa_flops() -> list[str]:
-    """Register torch's SDPA FLOP formulas for the CPU kernel; the op names newly registered (chapters: 4, 5)."""
+    """Register torch's SDPA FLOP formulas for the CPU kernel (chapters: 4, 5).
+
+    It returns the op names newly registered.
+    """
     from torch.utils import flop_counter as fc
 
     formulas = {CPU_SDPA_OPS[0]: fc.sdpa_flop, CPU_SDPA_OPS[1]: fc.sdpa_backward_flop}

@@ -258,7 +258,10 @@ def step_optimizer(setup: StepSpec, params) -> torch.optim.Optimizer:
 
 @contextlib.contextmanager
 def step_autocast(precision: str, device: torch.device) -> Iterator[None]:
-    """Autocast as a step of ``precision`` runs its forward on ``device``; refused where torch lacks it (chapters: 0, 7)."""
+    """Autocast as a step of ``precision`` runs its forward on ``device`` (chapters: 0, 7).
+
+    Refused where torch lacks it.
+    """
     dtype = autocast_dtype(precision)
     if dtype is None:
         yield

@@ -48,7 +48,10 @@ _PHASE_TAG = "memlab::"
 
 
 def profiler_export_categories() -> tuple[str, ...]:
-    """The categories of the profiler's exported timeline, in its column order after the leading 0 (chapter: 0)."""
+    """The categories of the profiler's exported timeline (chapter: 0).
+
+    In its column order after the leading 0.
+    """
     from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX
 
     order = sorted(_CATEGORY_TO_INDEX.items(), key=lambda kv: kv[1])

@@ -50,6 +50,9 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 10,
 
 
 def not_measurable(device: torch.device, reason: str) -> str:
-    """The status of a measurement this device cannot make: ``'not measurable on <device>: why'`` (chapters: 2, 3)."""
+    """The status of a measurement this device cannot make (chapters: 2, 3).
+
+    It reads ``'not measurable on <device>: why'``.
+    """
     where = device_name(device) if device.type == "cuda" else device.type
     return f"not measurable on {where}: {reason}"

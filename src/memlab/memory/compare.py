@@ -159,7 +159,9 @@ def _accelerate_from_model(mdl, precision: str, *, name: str = "model",
 
 # EleutherAI cookbook ---------------------------------------------------------------------------
 def eleutherai_parameter_count(model: ModelConfig | str, *, seq_len: int) -> int:
-    """Parameters by calc_transformer_mem.py's own formula, for comparison with the true count (chapter: 1).
+    """Parameters by calc_transformer_mem.py's own formula (chapter: 1).
+
+    They are for comparison with the true count.
 
     ``2Vh + hs + 8hL + 2h + 2(1 + kv)Lh^2 + n_mlp L f h^2`` with ``f`` the FFN expansion
     factor, ``kv`` the key/value-to-query head ratio (``--kv-size-ratio``), ``n_mlp`` 3 for
@@ -181,7 +183,9 @@ def eleutherai_parameter_count(model: ModelConfig | str, *, seq_len: int) -> int
 
 def eleutherai_activation_bytes(model: ModelConfig | str, *, batch_size: int, seq_len: int,
                                 checkpointing: bool = False) -> int:
-    """Activation bytes by calc_transformer_mem.py: sbhL(34 + 5as/h), or 34sbhL when checkpointing (chapter: 1).
+    """Activation bytes by calc_transformer_mem.py (chapter: 1).
+
+    The formula is sbhL(34 + 5as/h), or 34sbhL when checkpointing.
 
     The script writes the coefficients as ``16 p + 2`` and ``2 p + 1`` with ``p`` the 2-byte
     low precision (Korthikanti et al., arXiv 2205.05198, Table 2). Computed exactly here as
@@ -283,7 +287,9 @@ def eleutherai_estimate(model: ModelConfig | str, *, batch_size: int, seq_len: i
 
 # Rules of thumb --------------------------------------------------------------------------------
 def bytes_per_param_estimate(model: ModelConfig | str, bytes_per_param: float = 16) -> OtherEstimate:
-    """Training bytes by the "N bytes per parameter" rule (16 by default; 18, 20, 24 also seen), no activations (chapter: 1).
+    """Training bytes by the "N bytes per parameter" rule, no activations (chapter: 1).
+
+    N is 16 by default; 18, 20 and 24 are also seen.
 
     Source of the 16: ZeRO (Rajbhandari et al., arXiv 1910.02054, section 3.1), mixed-
     precision Adam as 2 + 2 + 12 bytes. 18 is Megatron/GPT-NeoX accounting (fp32

@@ -255,7 +255,10 @@ class GenerationMemory:
     rows: list[GenerationRow]
 
     def table_rows(self) -> list[dict]:
-        """One row per generation for a page's table: the cache, the peak and its phase, estimate over measured (chapter: 4)."""
+        """One row per generation for a page's table (chapter: 4).
+
+        Each row has the cache, the peak and its phase, and the estimate over measured.
+        """
         out = []
         for r in self.rows:
             m, s = r.measured, r.measured.setup

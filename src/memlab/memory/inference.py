@@ -66,7 +66,9 @@ def _model_dtype(model: Transformer) -> torch.dtype:
 @torch.no_grad()
 def generate(model: Transformer, idx, new_tokens: int, *, greedy: bool = True,
              generator: torch.Generator | None = None):
-    """Token ids (B, T + new_tokens): the prompt idx (B, T), then new tokens decoded with a KV cache (chapter: 1).
+    """Token ids (B, T + new_tokens) (chapter: 1).
+
+    The prompt idx (B, T), then new tokens decoded with a KV cache.
 
     ``greedy=False`` samples from the softmax instead of taking the most likely token.
     """

@@ -1,4 +1,6 @@
-"""Which tensors a training step keeps and which it recomputes: the activation-checkpointing plans (chapters: 1, 7).
+"""Which tensors a training step keeps and which it recomputes (chapters: 1, 7).
+
+These are the activation-checkpointing plans.
 
 A plan splits the model's blocks into units and says which units are checkpointed. A checkpointed
 unit keeps only its input during the forward pass and runs its forward a second time inside the
@@ -30,7 +32,10 @@ CHECKPOINTING = ("none", "full", "selective", "every-K", "segments-K")  # the na
 
 @dataclass(frozen=True)
 class Checkpointing:
-    """An activation-checkpointing plan: its kind and, for ``every`` and ``segments``, K blocks (chapters: 1, 7)."""
+    """An activation-checkpointing plan (chapters: 1, 7).
+
+    It has a kind and, for ``every`` and ``segments``, K blocks.
+    """
 
     kind: str = "none"
     k: int = 1
@@ -64,7 +69,10 @@ class Checkpointing:
         return self.kind in ("full", "every", "segments")
 
     def units(self, n_layer: int) -> list[tuple[int, int, bool]]:
-        """The blocks as units [start, end) in forward order, each with whether it is checkpointed (chapters: 1, 7)."""
+        """The blocks as units [start, end) in forward order (chapters: 1, 7).
+
+        Each says whether it is checkpointed.
+        """
         L = n_layer
         if self.kind in ("none", "selective"):
             return [(i, i + 1, False) for i in range(L)]
@@ -85,7 +93,10 @@ def sqrt_segments(n_layer: int) -> Checkpointing:
 
 
 def parse_checkpointing(value) -> Checkpointing:
-    """A plan from False/True, a name ('none', 'full', 'selective', 'every-K', 'segments-K') or a plan (chapters: 1, 7)."""
+    """A plan from False/True, a name or a plan (chapters: 1, 7).
+
+    The names are 'none', 'full', 'selective', 'every-K' and 'segments-K'.
+    """
     if isinstance(value, Checkpointing):
         return value
     if value is False or value is None:

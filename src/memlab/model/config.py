@@ -206,7 +206,10 @@ HF_BIAS_FLAGS = ("attention_bias", "mlp_bias")  # biases the Llama-style model d
 
 @dataclass(frozen=True)
 class HFField:
-    """One :class:`ModelConfig` field read from a config.json: the keys tried in order, the value's kind, the default when absent."""
+    """One :class:`ModelConfig` field read from a config.json.
+
+    It names the keys tried in order, the value's kind, and the default when absent.
+    """
 
     field: str  # the ModelConfig field
     keys: tuple[str, ...]  # Hugging Face keys, tried in order
@@ -326,7 +329,10 @@ def config_from_hf(path: str | Path) -> ModelConfig:
 
 # Counting from the shape ---------------------------------------------------------------------
 def param_groups(cfg: ModelConfig) -> tuple[list[int], list[int], list[int]]:
-    """Element counts of the parameter tensors: (embeddings, one block, head), tied ones once (chapters: 1, 5)."""
+    """Element counts of the parameter tensors: (embeddings, one block, head) (chapters: 1, 5).
+
+    Tied ones are counted once.
+    """
     C, F, V, kv = cfg.d_model, cfg.ffn_dim, cfg.vocab_size, cfg.kv_heads * cfg.head_dim
     if cfg.style == "gpt2":
         embed = [V * C, cfg.max_seq_len * C]

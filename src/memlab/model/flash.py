@@ -212,7 +212,10 @@ class FlashAttention(torch.autograd.Function):
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
                     block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK) -> torch.Tensor:
-    """Exact attention in tiles of ``block_q`` x ``block_k``, saving O(T) bytes for backward, in q's dtype (chapter: 4)."""
+    """Exact attention in tiles of ``block_q`` x ``block_k``, in q's dtype (chapter: 4).
+
+    It saves O(T) bytes for backward.
+    """
     check_positive_int("block_q", block_q)
     check_positive_int("block_k", block_k)
     _check(q, k, v, causal)
@@ -220,7 +223,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
 
 
 def standard_traffic(T: int, S: int, hs: int) -> int:
-    """Elements the standard algorithm moves per head: Q, K in, S out, S in, P out, P and V in, O out (chapter: 4).
+    """Elements the standard algorithm moves per head (chapter: 4).
+
+    Q, K in, S out, S in, P out, P and V in, O out.
 
     The FlashAttention paper's Algorithm 0: Theta(T hs + T S).
     """
@@ -230,7 +235,9 @@ def standard_traffic(T: int, S: int, hs: int) -> int:
 
 
 def tiled_traffic(T: int, S: int, hs: int, *, block_q: int, causal: bool = False) -> int:
-    """Elements this module's tiled forward moves per head, without the causal skip unless asked (chapter: 4).
+    """Elements this module's tiled forward moves per head (chapter: 4).
+
+    Without the causal skip unless asked.
 
     Q and O cross once; K and V cross once per query block: T hs + (T / block_q) 2 S hs + T (hs + 1).
     """
@@ -246,7 +253,10 @@ def tiled_traffic(T: int, S: int, hs: int, *, block_q: int, causal: bool = False
 
 
 def sram_blocks(sram_elements: int, hs: int) -> tuple[int, int]:
-    """FlashAttention's block sizes for a fast memory of ``sram_elements``: (B_r, B_c) = (min(ceil(M / 4d), d), ceil(M / 4d)) (chapter: 4)."""
+    """FlashAttention's block sizes for a fast memory of ``sram_elements`` (chapter: 4).
+
+    (B_r, B_c) = (min(ceil(M / 4d), d), ceil(M / 4d)).
+    """
     check_positive_int("sram_elements", sram_elements)
     check_positive_int("hs", hs)
     b_c = -(-sram_elements // (4 * hs))
@@ -254,7 +264,9 @@ def sram_blocks(sram_elements: int, hs: int) -> tuple[int, int]:
 
 
 def online_softmax_update(m: torch.Tensor, l: torch.Tensor, x_block: torch.Tensor):  # noqa: E741
-    """One block of the online softmax: the new running max and normaliser, and the rescale of the old sum (chapter: 4).
+    """One block of the online softmax (chapter: 4).
+
+    It gives the new running max and normaliser, and the rescale of the old sum.
 
     ``m`` and ``l`` are the max and the sum of exp(x - m) over the blocks seen so far (``-inf``
     and 0 before the first); returns ``(m_new, l_new, alpha)`` with ``alpha = exp(m - m_new)``,
@@ -267,7 +279,10 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, x_block: torch.Tenso
 
 
 def online_softmax(x: torch.Tensor, block: int):
-    """Softmax over the last dimension computed block by block, and the running (max, normaliser) after each block (chapter: 4)."""
+    """Softmax over the last dimension computed block by block (chapter: 4).
+
+    With the running (max, normaliser) after each block.
+    """
     check_positive_int("block", block)
     x = x.float()
     m = torch.full(x.shape[:-1], float("-inf"))

@@ -1,4 +1,6 @@
-"""The book's small language model: its config per scale, one training run, held-out quality (chapters: 3, 5, 7).
+"""The book's small language model (chapters: 3, 5, 7).
+
+Its config per scale, one training run, held-out quality.
 
 The model is a small Llama-style transformer trained on a Markov language of order k
 (:class:`memlab.model.tasks.MarkovTask`): the best possible loss and accuracy on held-out text are
@@ -112,7 +114,9 @@ class TrainedLM:
 def train_lm(cfg: LMConfig | None = None, *, model: nn.Module | None = None, steps: int | None = None,
              lr: float | None = None, optimizer: str = "adamw", device=None,
              seed_offset: int = 0, keep_optimizer: bool = False) -> TrainedLM:
-    """Train (or go on training ``model``) on the config's task; returns the loss per step, nats (chapter: 3).
+    """Train (or go on training ``model``) on the config's task (chapter: 3).
+
+    It returns the loss per step, nats.
 
     The batches are the same for every call with the same ``seed_offset``, so two optimizers or
     two model variants see exactly the same data. ``keep_optimizer`` keeps the optimizer (and
@@ -256,7 +260,9 @@ def evaluate(model: nn.Module, cfg: LMConfig, *, device=None) -> Quality:
 
 
 def paired_delta(quality: Quality, reference: Quality) -> tuple[float, float]:
-    """Held-out loss of ``quality`` minus ``reference``'s on the same sequences, and its standard error, nats (chapter: 3).
+    """Held-out loss of ``quality`` minus ``reference``'s, and its standard error (chapter: 3).
+
+    Both on the same sequences, in nats.
 
     Both models are scored on the same sequences, so the difference is taken sequence by
     sequence (a paired comparison): the standard error is the spread of those differences over

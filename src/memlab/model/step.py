@@ -56,7 +56,9 @@ STEP_WORDS = {
 
 def step_bytes(phase_breakdown: dict[str, dict[str, int]], phase_peak_bytes: dict[str, int],
                peak_phase: str, saved_activations_bytes: int) -> dict:
-    """The fields :data:`STEP_BYTES` names, from a step's categories at each phase's highest point (chapters: 0, 1).
+    """The fields :data:`STEP_BYTES` names (chapters: 0, 1).
+
+    From a step's categories at each phase's highest point.
 
     The one place an estimate and a trace get their byte fields from, so the same name means the
     same bytes in both. Without an optimizer phase (an inference pass) the model states are read
@@ -75,7 +77,10 @@ def step_bytes(phase_breakdown: dict[str, dict[str, int]], phase_peak_bytes: dic
 
 
 def checkpointing_words(label) -> str:
-    """', checkpointing' (full), ', <plan> checkpointing' or '' for a setup's value, as tables write it (chapters: 0, 7)."""
+    """A setup's checkpointing suffix, as tables write it (chapters: 0, 7).
+
+    ', checkpointing' (full), ', <plan> checkpointing' or '' for a setup's value.
+    """
     plan = parse_checkpointing(label)
     if not plan:
         return ""

@@ -1,4 +1,6 @@
-"""Synthetic languages with an exactly known best loss, for the models the book trains (chapters: 2, 3).
+"""Synthetic languages with an exactly known best loss (chapters: 2, 3).
+
+They are the tasks of the models the book trains.
 
 :class:`MarkovTask` is a fixed-seed Markov chain of order ``k`` over ``vocab_size`` tokens: each
 token depends on the ``k`` tokens before it. Every context has ``len(PROBS)`` successors, drawn

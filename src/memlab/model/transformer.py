@@ -44,7 +44,10 @@ class RMSNorm(nn.Module):
 
 
 def rope_cache(T: int, hs: int, theta: float, device=None, start: int = 0):
-    """cos and sin tables for rotary embeddings (Su et al. 2021) at positions start..start+T-1, each (T, hs/2), fp32 (chapter: 1)."""
+    """cos and sin tables for rotary embeddings (Su et al. 2021) (chapter: 1).
+
+    At positions start..start+T-1, each (T, hs/2), fp32.
+    """
     inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, device=device, dtype=torch.float32) / hs))
     t = torch.arange(start, start + T, device=device, dtype=torch.float32)
     freqs = torch.outer(t, inv_freq)  # (T, hs/2)
@@ -267,7 +270,10 @@ def block_linears(model: nn.Module, kind: type[nn.Module] = nn.Linear) -> dict[s
 
 
 def replace_module(model: nn.Module, name: str, module: nn.Module) -> nn.Module:
-    """Put ``module`` at the qualified ``name`` inside ``model``; returns the module it replaced (chapters: 3, 5)."""
+    """Put ``module`` at the qualified ``name`` inside ``model`` (chapters: 3, 5).
+
+    It returns the module it replaced.
+    """
     parent, _, child = name.rpartition(".")
     owner = model.get_submodule(parent) if parent else model
     old = getattr(owner, child)

@@ -12,7 +12,9 @@ IMPL_STYLE = {"naive": ("tab:red", "o"), "sdpa-math": ("tab:orange", "s"),
 
 
 def attention_memory(sweep, what: str = "saved_bytes", title: str | None = None):
-    """Bytes against T on log-log axes, one line per implementation, the fitted exponent in the legend (chapter: 4).
+    """Bytes against T on log-log axes, one line per implementation (chapter: 4).
+
+    The fitted exponent is in the legend.
 
     ``sweep`` is a :class:`memlab.attention.MemorySweep`.
     """
@@ -35,7 +37,10 @@ def attention_memory(sweep, what: str = "saved_bytes", title: str | None = None)
 
 
 def tiling(T: int, block: int, *, offset: int = 0, title: str | None = None):
-    """The (T, S) score matrix cut into tiles: computed tiles, the diagonal ones masked, the skipped ones blank (chapter: 4)."""
+    """The (T, S) score matrix cut into tiles (chapter: 4).
+
+    Computed tiles, the diagonal ones masked, the skipped ones blank.
+    """
     import matplotlib.patches as patches
 
     style()
@@ -68,7 +73,9 @@ def tiling(T: int, block: int, *, offset: int = 0, title: str | None = None):
 
 
 def traffic(rows, title: str | None = None):
-    """Elements moved between slow and fast memory against T: the standard algorithm, the tiled one at each M, and the bound (chapter: 4).
+    """Elements moved between slow and fast memory against T (chapter: 4).
+
+    The standard algorithm, the tiled one at each M, and the bound.
 
     ``rows`` are dicts with ``T``, ``standard``, and per fast-memory size ``M`` the counted
     ``tiled`` elements and the paper's ``bound`` (T^2 d^2 / M).

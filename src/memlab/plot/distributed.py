@@ -73,7 +73,9 @@ def _tick(run) -> str:
 
 def rank_memory(result, rank: int = 0, unit: str | None = None, source: str = "measured",
                 title: str | None = None):
-    """One rank's bytes by category, a stacked bar per strategy, with the ZeRO formula's model states and the peak marked (chapter: 6).
+    """One rank's bytes by category, a stacked bar per strategy (chapter: 6).
+
+    The ZeRO formula's model states and the peak are marked.
 
     ``result`` is a :class:`memlab.distributed.sharding.DistributedMemory`.
     The parameters are those held between forward and backward (FSDP's gathered ones
@@ -124,7 +126,9 @@ def rank_memory(result, rank: int = 0, unit: str | None = None, source: str = "m
 
 def who_holds_what(gpus: int = 4, *, stages=STAGES, layout: str = "mixed",
                    title: str | None = None):
-    """Which rank holds which share of parameters, gradients and optimizer states at each ZeRO stage, computed from the formulas (chapter: 6).
+    """Which rank holds which share of model states at each ZeRO stage (chapter: 6).
+
+    The shares of parameters, gradients and optimizer states are computed from the formulas.
 
     A row per rank; per stage, three segments (parameters, gradients, optimizer states), filled
     across the whole segment where the rank holds all of it and over its own 1/N slot where
@@ -187,7 +191,10 @@ def who_holds_what(gpus: int = 4, *, stages=STAGES, layout: str = "mixed",
 
 
 def _phases(events) -> list[str]:
-    """Each event's phase: 'forward'/'backward' from its label; a collective issued takes the phase it falls in."""
+    """Each event's phase: 'forward'/'backward' from its label.
+
+    A collective issued takes the phase it falls in.
+    """
     phase, out = "forward", []
     for what, _ in events:
         head = str(what).split(" ", 1)[0]
@@ -199,7 +206,9 @@ def _phases(events) -> list[str]:
 
 def gather_timeline(result, strategies=("zero3", "zero2"), unit: str | None = None,
                     source: str = "measured", title: str | None = None):
-    """Parameter bytes FSDP holds gathered at each event of one step on rank 0, a panel per strategy, forward and backward shaded (chapter: 6).
+    """Parameter bytes FSDP holds gathered at each event of one step on rank 0 (chapter: 6).
+
+    A panel per strategy, forward and backward shaded.
 
     ``result`` is a :class:`memlab.distributed.sharding.DistributedMemory`; the events are the
     blocks' forward and backward starts and ends and every collective issued, in order. The
@@ -253,7 +262,9 @@ def gather_timeline(result, strategies=("zero3", "zero2"), unit: str | None = No
 
 def comm_by_strategy(result, rank: int = 0, unit: str | None = None, source: str = "measured",
                      title: str | None = None):
-    """Bytes one rank communicates per step by collective, a stacked bar per strategy, with the 2Ψ or 3Ψ formula marked (chapter: 6).
+    """Bytes one rank communicates per step by collective (chapter: 6).
+
+    A stacked bar per strategy, with the 2Ψ or 3Ψ formula marked.
 
     The volume is the ZeRO paper's: each collective's payload, an all-reduce counted twice
     (:data:`memlab.distributed.comm.VOLUME_FACTOR`); the bars sum to ``comm_volume_bytes``.
@@ -306,7 +317,9 @@ def _gpu_axis(ax) -> None:
 
 def per_gpu_memory(sweep, what: str = "peak", gpu: str = "A100-80GB", unit: str = "GiB",
                    title: str | None = None):
-    """Estimated per-GPU peak (or model states) against the number of GPUs N, a panel per model and a line per ZeRO stage, with a GPU's usable memory (chapter: 6).
+    """Estimated per-GPU peak (or model states) against the number of GPUs N (chapter: 6).
+
+    A panel per model and a line per ZeRO stage, with a GPU's usable memory.
 
     ``sweep`` is a :class:`memlab.distributed.plan.GpuSweep`; ``what`` is ``'peak'`` or
     ``'model_states'``. Both axes are logarithmic.
@@ -344,7 +357,9 @@ def per_gpu_memory(sweep, what: str = "peak", gpu: str = "A100-80GB", unit: str 
 
 
 def pipeline_bubble(result, source: str = "measured", title: str | None = None):
-    """The pipeline's bubble against the number of micro-batches m: each stage's and their mean, beside GPipe's (p - 1)/(m + p - 1) (chapter: 6).
+    """The pipeline's bubble against the number of micro-batches m (chapter: 6).
+
+    Each stage's and their mean, beside GPipe's (p - 1)/(m + p - 1).
 
     ``result`` is a :class:`memlab.distributed.parallel.ParallelismResult`; the bubble is
     1 - busy / step, a share of the step.
@@ -395,7 +410,9 @@ def _inputs_text(inputs: dict) -> str:
 
 
 def throughput_scaling(rows, inputs: dict | None = None, title: str | None = None):
-    """Estimated per-GPU throughput relative to the fewest GPUs, and seconds of compute and communication per step, against N (chapter: 6).
+    """Estimated per-GPU throughput and step seconds against N (chapter: 6).
+
+    Throughput relative to the fewest GPUs, and seconds of compute and communication per step.
 
     ``rows`` is what :func:`memlab.distributed.commtime.throughput_model` returns (or a dict
     of such lists by label, drawn as one line each); ``inputs`` are the model's inputs

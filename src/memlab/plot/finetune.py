@@ -14,7 +14,9 @@ SETUP_COLORS = {"full": "tab:red", "LoRA": "tab:blue", "share": "tab:purple"}
 
 def lora_diagram(in_features: int = 4096, out_features: int = 4096, r: int = 8,
                  title: str | None = None):
-    """The frozen weight W (out x in) beside the update B (out x r) times A (r x in), with their parameter counts (chapter: 5).
+    """The frozen weight W (out x in) beside the update B (out x r) times A (r x in) (chapter: 5).
+
+    With their parameter counts.
 
     The rank is drawn wider than to scale (at least a tenth of W's side), so that B and A stay
     visible; the counts in the labels are exact.
@@ -91,7 +93,9 @@ def memory_by_setup(comparison, unit: str | None = None, title: str | None = Non
 
 
 def lora_context(sweep, title: str | None = None):
-    """Full fine-tuning's and LoRA's peaks against T, and LoRA over full with the activations' share (chapter: 5).
+    """Full fine-tuning's and LoRA's peaks against T (chapter: 5).
+
+    And LoRA over full with the activations' share.
 
     ``sweep`` is a :class:`memlab.finetune.plan.ContextSweep`.
     """
@@ -124,7 +128,9 @@ def lora_context(sweep, title: str | None = None):
 
 
 def fit_grid(fit, title: str | None = None):
-    """Estimated peak (GiB) of each model and set-up, checkpointing off and on, with the smallest GPU that fits (chapter: 5).
+    """Estimated peak (GiB) of each model and set-up, checkpointing off and on (chapter: 5).
+
+    With the smallest GPU that fits.
 
     ``fit`` is a :class:`memlab.finetune.plan.FitTable`; colour is the peak on a log scale.
     """

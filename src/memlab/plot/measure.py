@@ -55,7 +55,10 @@ def _category_bars(bars: dict[str, dict], unit: str, title: str | None):
 
 
 def step_phases(step, unit: str | None = None, title: str | None = None):
-    """One stacked bar per phase of a step (forward, backward, optimizer) at that phase's peak (chapter: 0)."""
+    """One stacked bar per phase of a step at that phase's peak (chapter: 0).
+
+    The phases are forward, backward and optimizer.
+    """
     d = as_dict(step)
     rows = {f"{phase} peak": {f"{c}_bytes": v for c, v in cats.items()}
             for phase, cats in d["phase_breakdown"].items()}
@@ -64,7 +67,10 @@ def step_phases(step, unit: str | None = None, title: str | None = None):
 
 
 def compare_phases(results: dict, unit: str | None = None, title: str | None = None):
-    """Phase-by-phase bars of several results (estimate, trace, measurement) one above the other (chapter: 1)."""
+    """Phase-by-phase bars of several results one above the other (chapter: 1).
+
+    The results are an estimate, a trace, a measurement.
+    """
     rows = {}
     peak = 0
     for label, res in results.items():

@@ -54,7 +54,9 @@ def error_histogram(errors: list[float], limit: float = 0.03, title: str | None 
 
 def ratio_heatmap(ratios, *, title: str | None = None, center: float = 1.0,
                   label: str = "ratio", fmt: str = "{:.2f}", marks: dict | None = None):
-    """A table of ratios as a heat map, each cell annotated; colours diverge around ``center`` (chapter: 1).
+    """A table of ratios as a heat map, each cell annotated (chapter: 1).
+
+    Colours diverge around ``center``.
 
     ``ratios`` is a pandas DataFrame (rows x columns of floats). ``marks`` maps a label to a
     predicate on a cell's value, e.g. ``{"✓": lambda r: r <= 1}``: cells where it holds get

@@ -19,7 +19,10 @@ MEASURED_COLOR, ESTIMATED_COLOR, COUNTED_COLOR = "tab:blue", "black", "0.55"
 
 
 def check_type(obj, cls: type, what: str):
-    """``obj`` if it is a ``cls``, else a one-line MemlabError: figures take the dataclass only (chapter: 7)."""
+    """``obj`` if it is a ``cls``, else a one-line MemlabError (chapter: 7).
+
+    Figures take the dataclass only.
+    """
     if isinstance(obj, cls):
         return obj
     raise MemlabError(f"{what} must be {_a(cls.__name__)}, got {type(obj).__name__}")

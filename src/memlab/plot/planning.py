@@ -35,7 +35,9 @@ VENDOR_COLORS = {"NVIDIA": "#76B900", "AMD": "#ED1C24", "Google": "#4285F4", "AW
 
 
 def offload_costs(table, ax=None, title: str | None = None):
-    """Per offload choice: seconds over the host link beside seconds of compute per step (estimated bars, log y), with its verdict (chapter: 7).
+    """Per offload choice: host-link seconds beside compute seconds per step (chapter: 7).
+
+    Estimated bars, log y, each with its verdict.
 
     ``table`` is a :class:`memlab.compute.offload.OffloadTable`: the transfer at the quoted link
     bandwidth, the compute at a quoted peak times an assumed MFU, both estimated. A row that moves
@@ -82,7 +84,9 @@ def offload_costs(table, ax=None, title: str | None = None):
 
 
 def plan_costs(plan, limit: int = 12, ax=None, title: str | None = None):
-    """The cheapest set-ups of a memory plan: estimated GPU-seconds per optimizer step as bars, each with its per-GPU peak (chapter: 7).
+    """The cheapest set-ups of a memory plan (chapter: 7).
+
+    Estimated GPU-seconds per optimizer step as bars, each with its per-GPU peak.
 
     ``plan`` is a :class:`memlab.compute.plan.MemoryPlan`; its ``limit`` cheapest rows are drawn,
     the cheapest on top, coloured by what trains (full, LoRA, QLoRA). The GPU's usable memory is
@@ -142,7 +146,9 @@ def _accelerator_rows(rows) -> list:
 
 
 def accelerators(rows=None, ax=None, title: str | None = None):
-    """Quoted memory (GiB) against quoted dense 16-bit TFLOP/s of each accelerator, a colour per vendor, names annotated (chapter: 7).
+    """Quoted memory (GiB) against quoted dense 16-bit TFLOP/s of each accelerator (chapter: 7).
+
+    A colour per vendor, names annotated.
 
     ``rows``: :class:`~memlab.compute.hardware.Accelerator` objects or their names (the default:
     every row of :data:`~memlab.compute.hardware.ACCELERATORS`). A hollow marker is a

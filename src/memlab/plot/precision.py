@@ -31,7 +31,10 @@ PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
 
 
 def loss_curves(result, title: str | None = None):
-    """Training loss (nats) per step for every mode, one panel per loss setting, best loss dashed (chapter: 2)."""
+    """Training loss (nats) per step for every mode, one panel per loss setting (chapter: 2).
+
+    The best loss is dashed.
+    """
     style()
     d = as_dict(result)
     settings = d["settings"]
@@ -73,7 +76,9 @@ def loss_curves(result, title: str | None = None):
 
 def gradient_histogram(result, setting: str | None = None, mode: str = "fp32",
                        which: str = "activations", title: str | None = None):
-    """Share of gradient values per log2|g| bin with fp16's limits marked, as in Micikevicius et al. 2018, Fig. 3 (chapter: 2).
+    """Share of gradient values per log2|g| bin with fp16's limits marked (chapter: 2).
+
+    As in Micikevicius et al. 2018, Fig. 3.
 
     One histogram per setting (or only ``setting``), of ``mode``'s run, for activation or
     parameter gradients; values left of fp16's smallest subnormal become zero in fp16.
@@ -127,7 +132,9 @@ def gradient_histogram(result, setting: str | None = None, mode: str = "fp32",
 
 
 def memory_phase_parts(row: dict, phase: str) -> dict[str, int]:
-    """Bytes per part of ``MEMORY_PARTS`` alive at one phase's peak of a ModeMemory (as a dict) (chapter: 2).
+    """Bytes per part of ``MEMORY_PARTS`` alive at one phase's peak (chapter: 2).
+
+    Of a ModeMemory (as a dict).
 
     The weight-cast cache is split out of the activations in a phase where all the saved
     activations are alive (the forward peak, the start of backward); the parts add up to the

@@ -1,4 +1,8 @@
-"""Figures of chapter 3: quantization levels, the scheme trade-off, layer errors, GPTQ column by column, outliers, 8-bit AdamW."""
+"""Figures of chapter 3.
+
+Quantization levels, the scheme trade-off, layer errors, GPTQ column by column, outliers, 8-bit
+AdamW.
+"""
 
 from __future__ import annotations
 
@@ -51,7 +55,9 @@ def _family(scheme: str) -> str:
 
 
 def scheme_tradeoff(comparison, title: str | None = None):
-    """Held-out loss minus fp32's, +- 2 paired SE, per scheme, ordered by bits per linear weight (chapter: 3).
+    """Held-out loss minus fp32's, +- 2 paired SE, per scheme (chapter: 3).
+
+    Ordered by bits per linear weight.
 
     One column per scheme (most bits on the left), labelled with its name and its bits per
     weight of the block linears, scales included: the schemes that store 4 to 4.5 bits sit too
@@ -98,7 +104,10 @@ def layer_errors(comparison, schemes=None, title: str | None = None):
 
 
 def outlier_sweep(study, title: str | None = None):
-    """One layer's output error as injected outlier features grow: plain int8 against LLM.int8() (chapter: 3)."""
+    """One layer's output error as injected outlier features grow (chapter: 3).
+
+    Plain int8 against LLM.int8().
+    """
     style()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ax.plot(study.sweep_alpha, study.sweep_int8, "o-", label="int8 vector-wise (threshold 0)")
@@ -131,7 +140,10 @@ def optimizer_curves(comparison, title: str | None = None):
 
 
 def gptq_propagation(layer_run, title: str | None = None):
-    """GPTQ on one layer, column by column: the compensation each weight received, the rounding errors, and the output error as columns are rounded (chapter: 3).
+    """GPTQ on one layer, column by column (chapter: 3).
+
+    The compensation each weight received, the rounding errors, and the output error as columns are
+    rounded.
 
     ``layer_run`` is a :class:`memlab.quant.compare.GptqLayerColumns`. Columns are in processing
     order; dashed lines mark GPTQ's lazy blocks, thin grey lines its groups.

@@ -66,7 +66,9 @@ def _configs(models) -> list[ModelConfig]:
 
 
 def flops_over_seq_len(models, seq_lens, ax=None, title: str | None = None):
-    """Counted FLOPs of a step (batch 1) over 6ND, and PaLM's (6N + 12LCT)D over 6ND, against the sequence length, a line pair per model (chapter: 7).
+    """Counted FLOPs of a step (batch 1) over 6ND against the sequence length (chapter: 7).
+
+    Also PaLM's (6N + 12LCT)D over 6ND, a line pair per model.
 
     ``models``: preset names or configs; ``seq_lens``: sequence lengths T in tokens. The counted
     FLOPs are :func:`memlab.compute.flops.step_flops` (the count PyTorch's FlopCounterMode
@@ -116,7 +118,10 @@ def flops_over_seq_len(models, seq_lens, ax=None, title: str | None = None):
 
 def checkpoint_curve(curve, ax=None, memory: str = "backward", unit: str | None = None,
                      title: str | None = None):
-    """Each checkpointing plan's memory (estimated) against the FLOPs it adds (counted, %), every-K and segments-K as lines, Chen et al.'s sqrt(n) plan marked (chapter: 7).
+    """Each checkpointing plan's memory against the FLOPs it adds (chapter: 7).
+
+    Memory estimated, FLOPs counted (%); every-K and segments-K as lines, Chen et al.'s sqrt(n) plan
+    marked.
 
     ``curve`` is a :class:`memlab.compute.checkpointing.CheckpointCurve`; ``memory`` is
     ``'backward'`` (the backward pass's peak, where recomputed blocks live), ``'saved'`` (the
@@ -188,7 +193,10 @@ def checkpoint_curve(curve, ax=None, memory: str = "backward", unit: str | None 
 
 def checkpoint_costs(costs, axes=None, unit: str | None = None, whole: bool = False,
                      title: str | None = None):
-    """Two panels per checkpointing plan: saved bytes (measured bars, estimated markers); time ratio (measured) beside FLOPs ratio (counted) against no checkpointing (chapter: 7).
+    """Two panels per checkpointing plan, against no checkpointing (chapter: 7).
+
+    Saved bytes (measured bars, estimated markers); time ratio (measured) beside FLOPs ratio
+    (counted).
 
     ``costs`` is a :class:`memlab.compute.checkpointing.CheckpointCosts`; it must hold the plan
     ``none``, which the ratios divide by. ``whole=True`` shows the ratios with every
@@ -238,7 +246,9 @@ def checkpoint_costs(costs, axes=None, unit: str | None = None, whole: bool = Fa
 
 
 def accumulation_sweep(sweep, axes=None, unit: str | None = None, title: str | None = None):
-    """Peak bytes per micro-batch size (measured bars, estimated markers) and ms per sample (measured) of one global batch (chapter: 7).
+    """Peak bytes and ms per sample per micro-batch size of one global batch (chapter: 7).
+
+    Peaks as measured bars with estimated markers; ms per sample measured.
 
     ``sweep`` is a :class:`memlab.compute.accumulation.AccumulationSweep`; a bar is labelled
     ``m x k``: micro-batches of m samples, k of them per optimizer step.
@@ -278,7 +288,9 @@ def accumulation_sweep(sweep, axes=None, unit: str | None = None, title: str | N
 
 
 def accumulation_buffer(buffer, ax=None, title: str | None = None):
-    """Relative error of k accumulated bf16 micro-batch gradients against their fp64 sum, in bf16 .grad and in an fp32 buffer, log y (chapter: 7).
+    """Relative error of k accumulated bf16 micro-batch gradients (chapter: 7).
+
+    Against their fp64 sum, in bf16 .grad and in an fp32 buffer, log y.
 
     ``buffer`` is a :class:`memlab.compute.accumulation.AccumulationBuffer`, errors measured. An
     error of exactly 0 (k = 1, where nothing is added, or a sum that came out exact) has no

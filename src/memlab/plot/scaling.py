@@ -55,7 +55,9 @@ def _n_opt_line(ax, fit, flops: np.ndarray, **kw) -> bool:
 
 
 def scaling_fit(grid, axes=None, title: str | None = None):
-    """Held-out loss against tokens with the E-free fit; the grid's compute-optimal N against C; the quoted fits' N_opt(C) in a panel of their own (chapter: 7).
+    """Held-out loss against tokens with the E-free fit, and compute-optimal N (chapter: 7).
+
+    The grid's compute-optimal N against C; the quoted fits' N_opt(C) in a panel of their own.
 
     ``grid`` is a :class:`memlab.compute.grid.ScalingGrid`. Left: the measured held-out loss
     of every run (one colour per model size) against its tokens, the E-free fit of L(N, D) as

@@ -34,7 +34,10 @@ def g(x: float) -> str:
 
 # C06 -------------------------------------------------------------------------------------------
 def c06_evidence() -> dict:
-    """Storage bytes per value of each format, and int8's with one fp32 scale per 4,096-value row (chapter: 2)."""
+    """Storage bytes per value of each format (chapter: 2).
+
+    With int8's with one fp32 scale per 4,096-value row.
+    """
     from memlab.quant.functional import bits_per_parameter
 
     per = {f: storage_bytes(f) for f in ("fp32", "fp16", "bf16", "fp8-e4m3", "int8")}
@@ -63,7 +66,10 @@ def c06(ev: dict) -> claims.Verdict:
 
 # C07 -------------------------------------------------------------------------------------------
 def c07_evidence() -> dict:
-    """bf16 and fp32's exponent bits, normal and subnormal ranges, and where fp32's top lands in bf16 (chapter: 2)."""
+    """bf16 and fp32's exponent bits, normal and subnormal ranges (chapter: 2).
+
+    And where fp32's top lands in bf16.
+    """
     b, f = thresholds("bf16"), thresholds("fp32")
     return dict(exp_bits={"bf16": spec("bf16").exponent_bits, "fp32": spec("fp32").exponent_bits},
                 min_normal={"bf16": b.min_normal, "fp32": f.min_normal},
@@ -150,7 +156,10 @@ def c09(ev: dict) -> claims.Verdict:
 
 # C10 -------------------------------------------------------------------------------------------
 def c10_evidence() -> dict:
-    """Pi's rounding error in bf16 and fp16, and their median relative errors over 10^5 values (chapter: 2)."""
+    """Pi's rounding error in bf16 and fp16, and their median relative errors (chapter: 2).
+
+    The medians are over 10^5 values.
+    """
     xs = torch.logspace(-3, 3, 100_001, dtype=torch.float64)
     return dict(pi_bf16=round_to(math.pi, "bf16"), pi_fp16=round_to(math.pi, "fp16"),
                 median_bf16=relative_error(xs, "bf16").median().item(),
@@ -180,7 +189,10 @@ def c10(ev: dict) -> claims.Verdict:
 
 # C11 -------------------------------------------------------------------------------------------
 def c11_evidence() -> dict:
-    """Pi cast to int8 (truncation), rounded to an integer, and absmax-quantized in blocks of max 4 and 10 (chapter: 2)."""
+    """Pi cast to int8, rounded, and absmax-quantized (chapter: 2).
+
+    Cast by truncation, rounded to an integer, and absmax-quantized in blocks of max 4 and 10.
+    """
     from memlab.quant.functional import absmax_quantize, dequantize
 
     absmax = {}
@@ -210,7 +222,10 @@ def c11(ev: dict) -> claims.Verdict:
 
 # C12 -------------------------------------------------------------------------------------------
 def c12_evidence() -> dict:
-    """int8's range in torch, and the codes symmetric absmax quantization uses (from scratch and bitsandbytes) (chapter: 2)."""
+    """int8's range in torch, and the codes symmetric absmax quantization uses (chapter: 2).
+
+    From scratch and bitsandbytes.
+    """
     from memlab.quant.functional import absmax_quantize
 
     s = spec("int8")
@@ -244,7 +259,10 @@ def c12(ev: dict) -> claims.Verdict:
 
 # C13 -------------------------------------------------------------------------------------------
 def c13_evidence() -> dict:
-    """What this CPU does with fp8 (tried) and which catalogued GPUs have fp8 tensor cores (datasheets) (chapter: 2)."""
+    """What this CPU does with fp8, and which catalogued GPUs have fp8 tensor cores (chapter: 2).
+
+    The CPU is tried; the GPUs are from datasheets.
+    """
     from memlab.gpus import CATALOGUE
 
     probe = probe_formats("cpu", ("fp8-e4m3",)).loc["fp8-e4m3"]
@@ -256,7 +274,10 @@ def c13_evidence() -> dict:
 
 @claims.register("C13", _CH2, "fp8 needs newer hardware such as the H100.", evidence=c13_evidence)
 def c13(ev: dict) -> claims.Verdict:
-    """Holds if fp8 cannot even be stored without new hardware; caveat if only its fast arithmetic needs it."""
+    """Holds if fp8 cannot even be stored without new hardware.
+
+    Caveat if only its fast arithmetic needs it.
+    """
     with_fp8 = {n: cc for n, (cc, has) in ev["gpus"].items() if has}
     older = {n: cc for n, (cc, has) in ev["gpus"].items() if not has}
     only_newer = bool(with_fp8) and min(with_fp8.values()) > max(older.values(), default=0)
@@ -274,7 +295,10 @@ def c13(ev: dict) -> claims.Verdict:
 
 # C42 -------------------------------------------------------------------------------------------
 def c42_evidence() -> dict:
-    """Peaks of fp32, bf16-mixed and pure bf16 AdamW for Llama-2-7B at seq 2048, batch 1 to 16 (chapter: 2)."""
+    """Peaks of fp32, bf16-mixed and pure bf16 AdamW for Llama-2-7B (chapter: 2).
+
+    At seq 2048, batch 1 to 16.
+    """
     from memlab.memory.estimator import estimate
 
     cfg = get_config("llama2-7b")
@@ -328,7 +352,9 @@ def c42(ev: dict) -> claims.Verdict:
 # C14 -------------------------------------------------------------------------------------------
 @functools.cache
 def c14_evidence() -> dict:
-    """Held-out losses of fp32, bf16 autocast and pure bf16 training on the chapter's runs, paired against fp32 (chapter: 2).
+    """Held-out losses of fp32, bf16 autocast and pure bf16 training (chapter: 2).
+
+    On the chapter's runs, paired against fp32.
 
     The runs are the chapter's own (``MIXED_SIZES`` at this scale, on the CPU), so the claim
     costs nothing once the chapter has trained them.
@@ -380,5 +406,8 @@ def _c14(ev: dict) -> claims.Verdict:
 @claims.register("C14", _CH2, "bf16 speeds up computation and improves model quality; it is "
                  "poorly suited to integer arithmetic.", evidence=c14_evidence)
 def c14(ev: dict) -> claims.Verdict:
-    """Judged on quality only (speed is not timed on this page's CPU): holds if both bf16 modes beat fp32 beyond z SE."""
+    """Judged on quality only: holds if both bf16 modes beat fp32 beyond z SE.
+
+    Speed is not timed on this page's CPU.
+    """
     return claims.with_sensitivity(_c14, ev, "z", (0.0, 1.0, 2.0, 3.0), lambda z: f"{z:g} SE")

@@ -106,7 +106,10 @@ def _check_format(fmt) -> str:
 
 
 def parse_value(x) -> float:
-    """A real number, or a string Python's ``float()`` reads ('0.1', '6e-5', 'inf', 'nan'), as a float (chapter: 2)."""
+    """A real number, or a string Python's ``float()`` reads, as a float (chapter: 2).
+
+    Such as '0.1', '6e-5', 'inf', 'nan'.
+    """
     if isinstance(x, numbers.Real) and not isinstance(x, bool):
         return float(x)
     if isinstance(x, str):
@@ -307,7 +310,10 @@ _SIGNED_VIEW = {32: torch.int32, 16: torch.int16, 8: torch.int8}
 
 
 def decode_many(patterns, fmt: str) -> list[float]:
-    """Values of bit patterns (unsigned integers) in a float or integer format, read by torch's views (chapter: 2)."""
+    """Values of bit patterns (unsigned integers) in a float or integer format (chapter: 2).
+
+    Read by torch's views.
+    """
     check_choice("bit-pattern format", fmt, PATTERN_FORMATS)
     s = spec(fmt)
     p = torch.tensor(list(patterns), dtype=torch.int64)
@@ -329,7 +335,10 @@ def decode(bit_string: str, fmt: str) -> float:
 
 
 def value_kind(value: float, fmt: str) -> str:
-    """'zero', 'subnormal', 'normal', 'inf' or 'NaN': which case of a float format's formula a value is (chapter: 2)."""
+    """Which case of a float format's formula a value is (chapter: 2).
+
+    'zero', 'subnormal', 'normal', 'inf' or 'NaN'.
+    """
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
@@ -340,7 +349,10 @@ def value_kind(value: float, fmt: str) -> str:
 
 
 def storage_bytes(fmt: str, n: int = 4096) -> float:
-    """Measured bytes per value: an n-value tensor's storage over n (4-bit: bitsandbytes' packing) (chapter: 2)."""
+    """Measured bytes per value: an n-value tensor's storage over n (chapter: 2).
+
+    4-bit formats use bitsandbytes' packing.
+    """
     _check_format(fmt)
     if fmt in FLOAT_DTYPES or fmt == "int8":
         dt = FLOAT_DTYPES.get(fmt, torch.int8)
@@ -444,7 +456,9 @@ def representable(fmt: str, positive: bool = True) -> torch.Tensor:
 
 
 def int8_cast(x) -> torch.Tensor:
-    """What torch's cast ``x.to(torch.int8)`` stores, as float64: truncated toward zero, wrapped when out of range (chapter: 2).
+    """What torch's cast ``x.to(torch.int8)`` stores, as float64 (chapter: 2).
+
+    Truncated toward zero, wrapped when out of range.
 
     A cast is not rounding: 2.7 becomes 2, and a value outside int8's range comes back as
     another integer (C++ leaves it undefined; x86 and ARM keep the low 8 bits of the int32).
@@ -455,7 +469,9 @@ def int8_cast(x) -> torch.Tensor:
 
 
 def same_number(x, absmax_blocks=(None, 10.0)):
-    """A pandas DataFrame: ``x`` stored in each float format, in int8 by a cast, by rounding, and by absmax (chapter: 2).
+    """A pandas DataFrame: ``x`` stored in each float format and in int8 (chapter: 2).
+
+    In int8 by a cast, by rounding, and by absmax.
 
     Rows ``int8, cast`` (torch's ``.to(torch.int8)``: truncates toward zero, wraps out of range)
     and ``int8, round and clamp`` (:func:`round_to`); ``absmax_blocks`` gives the largest
@@ -520,7 +536,10 @@ def _probe_one(fmt: str, dev: torch.device) -> dict:
 
 
 def probe_formats(device=None, formats=FLOAT_FORMATS):
-    """A pandas DataFrame: can this device store, add, and matmul each format (tried, not looked up) (chapter: 2)."""
+    """A pandas DataFrame: can this device store, add, and matmul each format (chapter: 2).
+
+    Tried, not looked up.
+    """
     from memlab.device import pick_device
 
     pd = _pandas("probe_formats")

@@ -1,4 +1,6 @@
-"""fp8 on a GPU: an e4m3 matmul through ``torch._scaled_mm`` against bf16, timed and checked (chapter: 2).
+"""fp8 on a GPU: an e4m3 matmul through ``torch._scaled_mm`` against bf16 (chapter: 2).
+
+Timed and checked.
 
 :func:`fp8_matmul` needs a CUDA GPU of compute capability 8.9 or newer; elsewhere it returns a
 result whose ``status`` says why nothing was measured.
@@ -50,7 +52,9 @@ class Fp8Matmul:
 
 def fp8_matmul(m: int = 8192, n: int = 8192, k: int = 8192, *, repeats: int = 20,
                warmup: int = 5, device=None) -> Fp8Matmul:
-    """Time ``torch._scaled_mm`` on float8_e4m3fn against bf16: ``fp8_tflops``, ``bf16_tflops``, relative errors (chapter: 2).
+    """Time ``torch._scaled_mm`` on float8_e4m3fn against bf16 (chapter: 2).
+
+    It gives ``fp8_tflops``, ``bf16_tflops`` and relative errors.
 
     Inputs are standard-normal, scaled per tensor so their largest magnitude maps to e4m3's
     448; the second operand is column-major, as ``_scaled_mm`` requires; the output is bf16.

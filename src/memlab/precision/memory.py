@@ -1,4 +1,6 @@
-"""Memory per precision mode: a training step's bytes by category and phase, and autocast's crossover (chapter: 2).
+"""Memory per precision mode (chapter: 2).
+
+A training step's bytes by category and phase, and autocast's crossover.
 
 Memory per mode comes from :func:`memlab.measure.step.measure_step` (the small model, real tensors),
 :func:`memlab.measure.step.trace_step` (under FakeTensorMode) or chapter 1's estimator (a 7B
@@ -81,7 +83,9 @@ class _CastCounter:
 
 def weight_cast_cache_bytes(model: ModelConfig | str, precision: str, *, traced: bool = True,
                             device=None) -> int:
-    """Bytes of the weight copies autocast casts in one forward pass (the cast cache), measured (chapter: 2).
+    """Bytes of the weight copies autocast casts in one forward pass, measured (chapter: 2).
+
+    These copies are the cast cache.
 
     Counts the outputs of every cast whose input is a parameter; 0 without autocast.
     ``traced=True`` runs the forward on fake tensors, so a 7B model costs no memory.
@@ -115,7 +119,10 @@ def _cast_bytes(cfg: ModelConfig, precision: str, traced: bool, device: str | No
 
 
 def grad_scaler_bytes(device=None) -> int:
-    """Bytes of the tensors a ``torch.amp.GradScaler`` keeps between steps, counted after a real step (chapter: 2)."""
+    """Bytes of the tensors a ``torch.amp.GradScaler`` keeps between steps (chapter: 2).
+
+    Counted after a real step.
+    """
     dev = pick_device(device)
     w = torch.nn.Parameter(torch.ones(4, device=dev))
     opt = torch.optim.SGD([w], lr=0.1)
@@ -131,7 +138,10 @@ def grad_scaler_bytes(device=None) -> int:
 
 @functools.cache
 def traced_step(cfg: ModelConfig, batch_size: int, seq_len: int, precision: str):
-    """A step of ``precision`` traced with :func:`memlab.measure.step.trace_step`, once per configuration (chapter: 2)."""
+    """A step of ``precision`` traced with :func:`memlab.measure.step.trace_step` (chapter: 2).
+
+    Once per configuration.
+    """
     from memlab.measure.step import trace_step
 
     return trace_step(cfg, batch_size=batch_size, seq_len=seq_len, precision=precision)
@@ -164,7 +174,9 @@ def memory_by_mode(
     device=None,
     model_overrides: dict | None = None,
 ) -> list[ModeMemory]:
-    """Each mode's step bytes by category and phase (``peak_bytes``, ``phase_breakdown``) and its peak / fp32 (chapter: 2).
+    """Each mode's step bytes by category and phase, and its peak / fp32 (chapter: 2).
+
+    The bytes are ``peak_bytes`` and ``phase_breakdown``.
 
     ``how='measured'`` runs real steps on the device with :func:`memlab.measure.step.measure_step`;
     ``'traced'`` counts them under FakeTensorMode with :func:`memlab.measure.step.trace_step`
@@ -287,7 +299,9 @@ def autocast_crossover(
     max_batch: int = 1024,
     model_overrides: dict | None = None,
 ) -> AutocastCrossover:
-    """The smallest batch at which autocast's estimated saved activations (``saved_batch``) and peak (``peak_batch``) fall below fp32's (chapter: 2).
+    """The smallest batch at which autocast's estimates fall below fp32's (chapter: 2).
+
+    For its estimated saved activations (``saved_batch``) and peak (``peak_batch``).
 
     Estimated with :func:`memlab.memory.estimator.estimate` (AdamW, foreach) for batches 1 to
     ``max_batch``; ``device`` names the estimator's conventions.

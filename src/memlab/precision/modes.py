@@ -44,7 +44,10 @@ def check_mode(mode) -> str:
 
 
 def check_modes(modes) -> tuple[str, ...]:
-    """``modes`` as a tuple, each checked by :func:`check_mode`; a string or nothing is refused (chapter: 2)."""
+    """``modes`` as a tuple, each checked by :func:`check_mode` (chapter: 2).
+
+    A string or nothing is refused.
+    """
     if isinstance(modes, str) or not modes:
         raise MemlabError(f"modes must be a non-empty list of modes, got {modes!r}; "
                           f"accepted: {', '.join(MODES)}")
@@ -52,7 +55,10 @@ def check_modes(modes) -> tuple[str, ...]:
 
 
 def model_config(model: ModelConfig | str | dict, overrides: dict | None = None) -> ModelConfig:
-    """The model a mode is run on, from a preset name, a ``ModelConfig`` or its dict, with ``overrides`` (chapter: 2)."""
+    """The model a mode is run on (chapter: 2).
+
+    From a preset name, a ``ModelConfig`` or its dict, with ``overrides``.
+    """
     if isinstance(model, dict):  # a config as a result stores it (ModelConfig.to_dict)
         model = ModelConfig(**model)
     if isinstance(model, ModelConfig):
@@ -63,7 +69,10 @@ def model_config(model: ModelConfig | str | dict, overrides: dict | None = None)
 
 
 def mode_autocast(mode: str, device: torch.device):
-    """The ``torch.autocast`` context a mode's forward runs in on ``device``; a null context without autocast (chapter: 2)."""
+    """The ``torch.autocast`` context a mode's forward runs in on ``device`` (chapter: 2).
+
+    A null context without autocast.
+    """
     dtype = AUTOCAST_DTYPES.get(AUTOCAST_FORMAT.get(mode))
     if dtype is None:
         return contextlib.nullcontext()

@@ -1,4 +1,6 @@
-"""Mixed-precision training, measured: every mode trained on the same data, and the chapter's experiment (chapter: 2).
+"""Mixed-precision training, measured (chapter: 2).
+
+Every mode trained on the same data, and the chapter's experiment.
 
 The modes (:mod:`memlab.precision.modes`), all from the same seed, are trained on the same batches
 of one synthetic task. The task is a first-order Markov chain over the vocabulary, fixed by a
@@ -207,7 +209,9 @@ def train(
     task: MarkovTask | None = None,
     setting: str | None = None,
 ) -> TrainRun:
-    """Train one mode on the Markov task; per-step ``loss`` (nats), ``grad_norm`` and gradient shares (chapter: 2).
+    """Train one mode on the Markov task (chapter: 2).
+
+    It records per-step ``loss`` (nats), ``grad_norm`` and gradient shares.
 
     ``loss_divisor`` K divides the loss before backward, as accumulating K micro-batches does;
     ``init_scale`` is the GradScaler's first scale (``fp16-scaled`` only).
@@ -375,7 +379,10 @@ def train_setting(
     seed: int = 0,
     device=None,
 ) -> Setting:
-    """Train every mode on the same batches with the loss divided by ``loss_divisor``; per-run curves and shares (chapter: 2)."""
+    """Train every mode on the same batches (chapter: 2).
+
+    The loss is divided by ``loss_divisor``; it returns per-run curves and shares.
+    """
     check_choice("setting", name, SETTINGS)
     modes = check_modes(modes)
     cfg = model_config(model, model_overrides)

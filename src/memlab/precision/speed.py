@@ -65,7 +65,9 @@ def step_times(
     device=None,
     model_overrides: dict | None = None,
 ) -> StepTimes:
-    """Median training-step time per mode in ``median_ms``, timed with CUDA events after ``warmup`` steps (chapter: 2).
+    """Median training-step time per mode in ``median_ms`` (chapter: 2).
+
+    Timed with CUDA events after ``warmup`` steps.
 
     A step is forward, backward, (scaler,) AdamW step and zero_grad on random tokens. Needs a
     CUDA GPU; elsewhere the result's ``status`` says "not measurable" and ``rows`` is empty.

@@ -1,4 +1,6 @@
-"""Chapter 3's claims (C15-C19, C43): each ``evidence()`` computes the numbers, each ``decide(ev)`` the level.
+"""Chapter 3's claims (C15-C19, C43).
+
+Each ``evidence()`` computes the numbers, each ``decide(ev)`` the level.
 
 Quality verdicts come from the book's small model (its parameter count is in the evidence):
 they say what happens at that size, and chapter 3 sets published large-model figures beside
@@ -24,7 +26,10 @@ TWO_SE_MISS = math.erfc(2 / math.sqrt(2))  # chance that noise alone crosses 2 S
 
 
 def published_beside(source: str, model: str) -> str:
-    """Quoted large-model figures of one paper's model as nats above its 16-bit row: "RTN 4-bit +0.234, ..." (chapter: 3)."""
+    """Quoted large-model figures of one paper's model as nats above its 16-bit row (chapter: 3).
+
+    As "RTN 4-bit +0.234, ...".
+    """
     from memlab.quant.published import PUBLISHED
 
     rows = [r for r in PUBLISHED if r.source == source and r.model == model]
@@ -47,7 +52,10 @@ def c15_evidence() -> dict:
 @claims.register("C15", _CH3, "A 20B-parameter model needs 80 GB in fp32, 40 GB in fp16, "
                  "20 GB in int8 and 10 GB in 4-bit.", evidence=c15_evidence)
 def c15(ev: dict) -> claims.Verdict:
-    """Holds if every stored size is within 5% of the claim; caveat if only n x bits / 8 is; wrong otherwise."""
+    """Holds if every stored size is within 5% of the claim.
+
+    Caveat if only n x bits / 8 is; wrong otherwise.
+    """
     tol = ev["tolerance"]
 
     def near(x, k):
@@ -73,7 +81,10 @@ def c15(ev: dict) -> claims.Verdict:
 
 # C16 -------------------------------------------------------------------------------------------
 def c16_evidence() -> dict:
-    """Stored bits per parameter of the book's model in NF4, NF4 with double quantization and 4-bit RTN (chapter: 3)."""
+    """Stored bits per parameter of the book's model in three formats (chapter: 3).
+
+    NF4, NF4 with double quantization, and 4-bit RTN.
+    """
     comp = compare_schemes(None, device="cpu")
     n_all = comp.fp32_bytes / 4
     return dict(params=int(n_all),
@@ -210,7 +221,10 @@ def c18(ev: dict) -> claims.Verdict:
 
 # C43 -------------------------------------------------------------------------------------------
 def c43_evidence() -> dict:
-    """Recorded GPU timings of int8 layers if any, and the roofline of one 8192 x 8192 layer per GPU (chapter: 3)."""
+    """Recorded GPU timings of int8 layers if any, and a roofline (chapter: 3).
+
+    The roofline of one 8192 x 8192 layer per GPU.
+    """
     from memlab.gpus import CATALOGUE, compute_bound_from, roofline_matmul_s
     from memlab.results import recorded
 
@@ -239,7 +253,10 @@ def c43_evidence() -> dict:
 @claims.register("C43", _CH3, "Integer (int8) arithmetic makes inference faster.",
                  evidence=c43_evidence)
 def c43(ev: dict) -> claims.Verdict:
-    """Judged on recorded timings only: pure int8 GEMM and LLM.int8() each faster everywhere, somewhere, or nowhere."""
+    """Judged on recorded timings only.
+
+    Pure int8 GEMM and LLM.int8() are each faster everywhere, somewhere, or nowhere.
+    """
     roof = ev["roofline"]
     words = "; ".join(
         f"{name}: compute-bound from {r['from_tokens']} tokens, int8 x int8 / 16-bit time "
@@ -287,7 +304,10 @@ def c19_evidence() -> dict:
 @claims.register("C19", _CH3, "Quantization-aware training learns the quantization scale "
                  "factors during training.", evidence=c19_evidence)
 def c19(ev: dict) -> claims.Verdict:
-    """Holds if learned scales move and torch's default QAT learns them; caveat if only LSQ's do; wrong if they do not move."""
+    """Holds if learned scales move and torch's default QAT learns them.
+
+    Caveat if only LSQ's do; wrong if they do not move.
+    """
     r = ev["result"]
     t = r.torch_fake_quant
     per_layer = ", ".join(f"{s.median_ratio:.3f}" for s in r.scales)

@@ -1,4 +1,6 @@
-"""Quantizing the book's trained model every way: bytes stored, held-out quality, per-layer error (chapter: 3).
+"""Quantizing the book's trained model every way (chapter: 3).
+
+Bytes stored, held-out quality, per-layer error.
 
 Every scheme replaces the ``nn.Linear`` layers inside the transformer blocks (the attention
 projections and the MLP) and keeps the embedding, the norms and the LM head in 16-bit, as
@@ -119,7 +121,9 @@ class DequantizedLinear(nn.Linear):
 def bnb_linear(linear: nn.Linear, scheme: str, device: torch.device,
                compute_dtype: torch.dtype = torch.float32,
                cpu_path: str = "dequantize") -> nn.Module:
-    """``linear`` as the bitsandbytes module of an int8, LLM.int8(), NF4 or FP4 scheme, on ``device`` (chapter: 3).
+    """``linear`` as the bitsandbytes module of a scheme, on ``device`` (chapter: 3).
+
+    The scheme is int8, LLM.int8(), NF4 or FP4.
 
     ``compute_dtype`` is the dtype a 4-bit layer dequantizes its weight to and multiplies in
     (fp32 for the chapter's comparison, so that only the weight's rounding differs).
@@ -310,7 +314,9 @@ def _layer_by_column(cfg: LMConfig, layer: str, bits: int, device: str, group_si
 
 @torch.no_grad()
 def layer_errors(reference: nn.Module, quantized: nn.Module, cfg: LMConfig) -> dict[str, float]:
-    """Relative output error of each quantized block linear, ||y_q - y|| / ||y||, on the reference's own inputs (chapter: 3).
+    """Relative output error of each quantized block linear, ||y_q - y|| / ||y|| (chapter: 3).
+
+    On the reference's own inputs.
 
     The inputs come from held-out sequences (as many as the calibration set), never from the
     calibration sequences GPTQ fits its updates to: the error is measured out of sample.
@@ -387,7 +393,10 @@ class QuantComparison:
         return next(r for r in self.rows if r.scheme == scheme)
 
     def paired(self, scheme: str, against: str) -> tuple[float, float]:
-        """Held-out loss of ``scheme`` minus ``against``'s on the same sequences and its standard error, nats (chapter: 3)."""
+        """Held-out loss of ``scheme`` minus ``against``'s (chapter: 3).
+
+        On the same sequences, with its standard error, nats.
+        """
         names = [r.scheme for r in self.rows]
         check_choice("scheme", scheme, names)
         check_choice("against", against, names)
@@ -397,7 +406,9 @@ class QuantComparison:
         return float(d.mean()), float(d.std() / d.numel() ** 0.5)
 
     def table(self, columns: str = "all"):
-        """Bytes (``columns="memory"``), quality (``"quality"``) or both (``"all"``) per scheme, as a DataFrame (chapter: 3).
+        """Bytes, quality or both per scheme, as a DataFrame (chapter: 3).
+
+        ``columns="memory"``, ``"quality"`` or ``"all"``.
 
         Bits per linear weight count the quantized block linears with their scales; bits per
         parameter (whole model) add the embedding, norms and head (16-bit) over all parameters.
@@ -466,7 +477,10 @@ class NoiseCheck:
 
 
 def noise_check(comparison: QuantComparison, z: float = 2.0) -> NoiseCheck:
-    """Every scheme against fp32 at ``z`` standard errors, with the count expected by chance and Bonferroni's wider interval (chapter: 3)."""
+    """Every scheme against fp32 at ``z`` standard errors (chapter: 3).
+
+    With the count expected by chance and Bonferroni's wider interval.
+    """
     if isinstance(z, bool) or not isinstance(z, (int, float)) or not z > 0:
         raise MemlabError(f"z must be a positive number of standard errors, got {z!r}")
     rows = [r for r in comparison.rows if r.scheme != "fp32"]
@@ -490,7 +504,9 @@ def noise_check(comparison: QuantComparison, z: float = 2.0) -> NoiseCheck:
 
 def compare_schemes(scale: str | None = None, schemes=MODEL_SCHEMES, *, device=None,
                     config: LMConfig | None = None, group_size: int = GROUP_SIZE) -> QuantComparison:
-    """Quantize the reference model with every scheme; measure bytes, held-out quality, per-layer error (chapter: 3).
+    """Quantize the reference model with every scheme (chapter: 3).
+
+    It measures bytes, held-out quality and per-layer error.
 
     Computed once per process for the same config, schemes, device and ``group_size`` (weights
     per scale for RTN and GPTQ); ``config`` replaces the scale's :class:`LMConfig`.

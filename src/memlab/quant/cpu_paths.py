@@ -1,4 +1,6 @@
-"""bitsandbytes' two CPU paths for a 4-bit layer, chosen by CPU feature, and how to force each (chapter: 3).
+"""bitsandbytes' two CPU paths for a 4-bit layer, chosen by CPU feature (chapter: 3).
+
+And how to force each.
 
 On the CPU, bitsandbytes' ``Linear4bit`` multiplies in one of two ways:
 
@@ -60,7 +62,9 @@ def bnb_default_path() -> str:
 
 
 def use_cpu_path(module: nn.Module, path: str = "dequantize") -> nn.Module:
-    """Set which CPU path every bitsandbytes 4-bit layer in ``module`` takes; returns ``module`` (chapter: 3).
+    """Set which CPU path every bitsandbytes 4-bit layer in ``module`` takes (chapter: 3).
+
+    It returns ``module``.
 
     ``dequantize`` works on every CPU and shape. ``packed`` needs every 4-bit layer's shape to
     fit the packed layout (:func:`packable`); it is refused in one line otherwise. On a CPU
@@ -117,7 +121,9 @@ def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
 
 
 def packed_reference(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
-    """The packed path's product written in torch: bf16 inputs, sums per block scaled by a bf16 absmax (chapter: 3).
+    """The packed path's product written in torch (chapter: 3).
+
+    bf16 inputs, sums per block scaled by a bf16 absmax.
 
     ``layer`` is a 4-bit layer already in the packed layout (:func:`pack`). For each block of
     ``blocksize`` input columns, the bf16 input times the code values is summed in fp32, then

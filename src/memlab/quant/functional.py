@@ -162,7 +162,10 @@ def _state_view(v: torch.Tensor, granularity: str) -> torch.Tensor:
 # Absmax and zero-point -------------------------------------------------------------------------
 def absmax_quantize(x, bits: int = 8, *, granularity: str = "tensor",
                     blocksize: int = 64) -> tuple[torch.Tensor, AbsmaxState]:
-    """Symmetric absmax: q = round(qmax * x / max|x|) per tensor, row or block; int8 codes (chapters: 2, 3)."""
+    """Symmetric absmax per tensor, row or block; int8 codes (chapters: 2, 3).
+
+    q = round(qmax * x / max|x|).
+    """
     _check_bits(bits)
     t = _as_tensor(x).float()
     qmax = 2 ** (bits - 1) - 1
@@ -287,7 +290,10 @@ def blockwise_quantize(x, *, code: torch.Tensor | None = None,
 
 def quantize_4bit(x, *, quant_type: str = "nf4", blocksize: int = 64,
                   double_quant: bool = False) -> tuple[torch.Tensor, FourBitState]:
-    """4-bit code-book quantization (NF4 or FP4) per block, two codes per byte; scales optionally double-quantized (chapter: 3)."""
+    """4-bit code-book quantization (NF4 or FP4) per block, two codes per byte (chapter: 3).
+
+    Scales are optionally double-quantized.
+    """
     code = _code(quant_type).clone()  # the state owns its code book
     check_positive_int("blocksize", blocksize)
     t = _as_tensor(x).float()
@@ -380,7 +386,10 @@ def _state_tensors(state) -> list[torch.Tensor]:
 
 
 def stored_bytes(q: torch.Tensor, state) -> int:
-    """Bytes of every tensor a scheme stores: codes (packed below 8 bits) plus scales and zeros (chapter: 3)."""
+    """Bytes of every tensor a scheme stores (chapter: 3).
+
+    Codes (packed below 8 bits) plus scales and zeros.
+    """
     bits = getattr(state, "bits", 8)
     codes = q if isinstance(state, FourBitState) or bits == 8 else pack_bits(
         q if isinstance(state, ZeroPointState) else (q.to(torch.int16) + state.qmax).to(torch.uint8), bits)
@@ -445,7 +454,9 @@ def int8_vectorwise_quant(x, threshold: float = 0.0) -> tuple[torch.Tensor, torc
 
 def llm_int8_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                     threshold: float = LLM_INT8_THRESHOLD) -> torch.Tensor:
-    """y = x @ W.T with LLM.int8(): outlier input columns in 16-bit, the rest int8 vector-wise (chapter: 3).
+    """y = x @ W.T with LLM.int8() (chapter: 3).
+
+    Outlier input columns in 16-bit, the rest int8 vector-wise.
 
     ``threshold=0`` gives plain vector-wise int8 (no decomposition). As in bitsandbytes with
     int8 weights, the outlier columns multiply the int8 weight dequantized; the int8 part rounds

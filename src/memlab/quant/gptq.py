@@ -142,7 +142,10 @@ class HessianAccumulator:
 # Round to nearest ------------------------------------------------------------------------------
 def rtn_quantize(weight: torch.Tensor, bits: int = 4, *,
                  group_size: int | None = None) -> tuple[torch.Tensor, ZeroPointState]:
-    """Round-to-nearest on GPTQ's grid: zero-point codes per row or per group of inputs, fp16 scales (chapter: 3)."""
+    """Round-to-nearest on GPTQ's grid (chapter: 3).
+
+    Zero-point codes per row or per group of inputs, fp16 scales.
+    """
     _check_bits(bits)
     w = _check_weight(weight)  # (out, in)
     group_size = _check_group_size(group_size, w.shape[1])
@@ -267,7 +270,10 @@ def _gptq_run(weight, H, bits, group_size, blocksize, percdamp, act_order) -> di
 def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, bits: int = 4, *,
                   group_size: int | None = None, blocksize: int = 128, percdamp: float = 0.01,
                   act_order: bool = False) -> tuple[torch.Tensor, ZeroPointState]:
-    """GPTQ (arXiv:2210.17323, Algorithm 1): uint8 codes (out, in) on RTN's grid, error-compensated with H (chapter: 3)."""
+    """GPTQ (arXiv:2210.17323, Algorithm 1) (chapter: 3).
+
+    uint8 codes (out, in) on RTN's grid, error-compensated with H.
+    """
     codes, state, _ = _gptq(weight, H, bits, group_size, blocksize, percdamp, act_order)
     return codes, state
 
@@ -332,7 +338,10 @@ class GptqColumns:
 def gptq_by_column(weight: torch.Tensor, H: torch.Tensor, bits: int = 4, *,
                group_size: int | None = None, blocksize: int = 128, percdamp: float = 0.01,
                act_order: bool = False) -> GptqColumns:
-    """:func:`gptq_quantize`, keeping what each column was when rounded and the errors it passed on (chapter: 3)."""
+    """:func:`gptq_quantize`, keeping each column as rounded and the errors passed on (chapter: 3).
+
+    What each column was when rounded, and the errors it passed on.
+    """
     run = _gptq_run(weight, H, bits, group_size, blocksize, percdamp, act_order)
     return GptqColumns(weight=run["weight"], seen=run["seen"], quantized=run["quantized_in_order"],
                      errors=run["errors"], U=run["U"], H=run["H"], order=run["order"],
@@ -342,7 +351,10 @@ def gptq_by_column(weight: torch.Tensor, H: torch.Tensor, bits: int = 4, *,
 
 # Errors ----------------------------------------------------------------------------------------
 def output_error(weight: torch.Tensor, weight_q: torch.Tensor, x: torch.Tensor) -> float:
-    """Relative output error ||x Wᵀ - x Wqᵀ||_F / ||x Wᵀ||_F on inputs x (..., in); a fraction (chapter: 3)."""
+    """Relative output error ||x Wᵀ - x Wqᵀ||_F / ||x Wᵀ||_F, a fraction (chapter: 3).
+
+    On inputs x (..., in).
+    """
     W, Wq = _check_weight(weight), _check_weight(weight_q)
     if W.shape != Wq.shape:
         raise MemlabError(f"weight_q must have the weight's shape {tuple(W.shape)}, got {tuple(Wq.shape)}")

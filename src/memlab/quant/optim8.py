@@ -1,4 +1,6 @@
-"""8-bit AdamW on this device: the optimizer's state bytes, the peak of its step and its time (chapter 3).
+"""8-bit AdamW on this device (chapter 3).
+
+The optimizer's state bytes, the peak of its step and its time.
 
 :mod:`memlab.quant.qat` trains with 8-bit AdamW and counts its states; this module measures, on
 the device at hand, what one optimizer step costs: the bytes its states hold (each state tensor

@@ -1,4 +1,6 @@
-"""Outlier features in the book's model, injected outliers, and plain int8 against LLM.int8() (chapter: 3).
+"""Outlier features in the book's model and injected outliers (chapter: 3).
+
+With plain int8 against LLM.int8().
 """
 
 from __future__ import annotations
@@ -53,7 +55,9 @@ def activation_outliers(model: nn.Module, cfg: LMConfig, *, threshold: float = L
 
 @torch.no_grad()
 def inject_outliers(model: nn.Module, channels, alpha: float) -> nn.Module:
-    """A copy of ``model`` whose normed inputs have outlier features, computing the same function (chapter: 3).
+    """A copy of ``model`` whose normed inputs have outlier features (chapter: 3).
+
+    It computes the same function.
 
     Each block's norm weights are multiplied by ``alpha`` on ``channels``, and the matching input
     columns of the linears the norms feed are divided by ``alpha``: in exact arithmetic nothing
@@ -87,7 +91,10 @@ class OutlierRow:
 
 @dataclass(frozen=True)
 class OutlierStudy:
-    """Outlier features: found in the trained model, injected, and what int8 and LLM.int8() do with them (chapter: 3)."""
+    """Outlier features: found in the trained model and injected (chapter: 3).
+
+    With what int8 and LLM.int8() do with them.
+    """
 
     threshold: float
     alpha: float

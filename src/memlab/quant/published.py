@@ -149,7 +149,9 @@ SAME_METHOD = {
 
 
 def beside_published(comparison, paper: str = "GPTQ"):
-    """This chapter's loss change per scheme beside the published one of the same method, nats (chapter: 3).
+    """This chapter's loss change per scheme, nats (chapter: 3).
+
+    Beside the published one of the same method.
 
     ``comparison`` is a :class:`memlab.quant.compare.QuantComparison`; ``paper`` is ``GPTQ`` or
     ``LLM.int8()``. Each published column is ``ln(ppl / ppl_16bit)`` for one model of that

@@ -141,7 +141,10 @@ class OptimizerComparison:
         return self.run("adamw-8bit").quality.loss - self.run("adamw").quality.loss
 
     def frame(self):
-        """State bytes and held-out quality per optimizer, loss against AdamW's with 2 paired SE, as a DataFrame (chapter: 3)."""
+        """State bytes and held-out quality per optimizer, as a DataFrame (chapter: 3).
+
+        The loss against AdamW's, with 2 paired SE.
+        """
         import pandas as pd
 
         base = self.run("adamw").quality if "adamw" in [r.optimizer for r in self.runs] else None
@@ -174,7 +177,9 @@ class OptimizerComparison:
 def optimizer_comparison(scale: str | None = None, *, steps: int | None = None, device=None,
                          config: LMConfig | None = None,
                          optimizers: tuple[str, ...] = COMPARED_OPTIMIZERS) -> OptimizerComparison:
-    """Train one fresh model with AdamW and with AdamW8bit: state bytes per parameter, loss, quality (chapter: 3).
+    """Train one fresh model with AdamW and with AdamW8bit (chapter: 3).
+
+    State bytes per parameter, loss, quality.
 
     ``config`` replaces the scale's :class:`memlab.quant.schemes.LMConfig` (the tests use a
     smaller one). All runs start from the same seed and see the same batches. The 8-bit-eligible
@@ -215,7 +220,10 @@ def optimizer_comparison(scale: str | None = None, *, steps: int | None = None, 
 
 
 def gain(before: Quality, after: Quality) -> str:
-    """How much lower ``after``'s held-out loss is than ``before``'s, nats, with 2 paired standard errors (chapter: 3)."""
+    """How much lower ``after``'s held-out loss is than ``before``'s, nats (chapter: 3).
+
+    With 2 paired standard errors.
+    """
     d, se = paired_delta(before, after)
     return f"{d:+.4f} +- {2 * se:.4f}"
 
@@ -253,7 +261,9 @@ def _row_step(w: torch.Tensor, qmax: int) -> torch.Tensor:
 
 
 class FakeQuantLinear(nn.Module):
-    """An ``nn.Linear`` that computes with its weight quantized to ``bits``, one step size per row (chapter: 3).
+    """An ``nn.Linear`` that computes with its weight quantized to ``bits`` (chapter: 3).
+
+    One step size per row.
 
     ``scale_mode="learned"`` (LSQ): the step sizes are an ``nn.Parameter``, initialised to the
     row's absmax / qmax, so that at the start the layer computes exactly what per-row absmax
@@ -335,7 +345,9 @@ class FakeQuantLinear(nn.Module):
 
 def wrap_linears(model: nn.Module, bits: int, *, scale_mode: str = "learned",
                  grad_scale: bool = True) -> list[str]:
-    """Replace every ``nn.Linear`` inside ``model.blocks`` by a :class:`FakeQuantLinear`, in place (chapter: 3).
+    """Replace every ``nn.Linear`` in ``model.blocks`` by a :class:`FakeQuantLinear` (chapter: 3).
+
+    The model is changed in place.
 
     Returns the names of the wrapped layers; the embedding, the norms and the LM head stay fp32.
     """
@@ -349,7 +361,10 @@ def wrap_linears(model: nn.Module, bits: int, *, scale_mode: str = "learned",
 
 
 def export_model(model: nn.Module) -> nn.Module:
-    """A copy of a fake-quantized model with every :class:`FakeQuantLinear` exported to a plain ``nn.Linear`` (chapter: 3)."""
+    """A copy of a fake-quantized model with its fake-quantized layers exported (chapter: 3).
+
+    Every :class:`FakeQuantLinear` becomes a plain ``nn.Linear``.
+    """
     out = copy.deepcopy(model)
     for name, fq in block_linears(out, FakeQuantLinear).items():
         replace_module(out, name, fq.export())
@@ -357,7 +372,10 @@ def export_model(model: nn.Module) -> nn.Module:
 
 
 def ptq_model(model: nn.Module, bits: int) -> nn.Module:
-    """A copy with every ``nn.Linear`` in the blocks round-to-nearest quantized, per-row absmax (chapter: 3)."""
+    """A copy with every ``nn.Linear`` in the blocks round-to-nearest quantized (chapter: 3).
+
+    Per-row absmax.
+    """
     _check_bits(bits)
     out = copy.deepcopy(model)
     with torch.no_grad():
@@ -382,7 +400,10 @@ class LayerScale:
 
 @dataclass(frozen=True)
 class TorchFakeQuantFacts:
-    """What PyTorch's own fake quantization does with its scale, found by inspecting the objects (chapter: 3)."""
+    """What PyTorch's own fake quantization does with its scale (chapter: 3).
+
+    Found by inspecting the objects.
+    """
 
     torch_version: str
     fake_quantize: str | None  # the class, if torch.ao.quantization.FakeQuantize exists
@@ -397,7 +418,10 @@ class TorchFakeQuantFacts:
 
 
 def torch_fake_quant_facts() -> TorchFakeQuantFacts:
-    """Inspect torch.ao.quantization: is a fake-quantize scale learned, or computed by an observer (chapter: 3)?"""
+    """Inspect torch.ao.quantization's fake-quantize scale (chapter: 3).
+
+    Is it learned, or computed by an observer?
+    """
     with warnings.catch_warnings():  # torch.ao's observers use the deprecated torch.jit API
         warnings.simplefilter("ignore", DeprecationWarning)
         return _torch_fake_quant_facts()

@@ -19,7 +19,10 @@ def _neox_20b_linears() -> list[tuple[int, int]]:
 
 
 def neox_20b_groups() -> dict[str, int]:
-    """Parameters of GPT-NeoX-20B by kind: block linear weights, embeddings + head, biases and norms (chapter: 3)."""
+    """Parameters of GPT-NeoX-20B by kind (chapter: 3).
+
+    Block linear weights, embeddings + head, biases and norms.
+    """
     d, L, V, f = (NEOX_20B[k] for k in ("d_model", "n_layer", "vocab_size", "d_ff"))
     linear = L * sum(o * i for o, i in _neox_20b_linears())
     biases_norms = L * (3 * d + d + f + d + 4 * d) + 2 * d  # linear biases, 2 LayerNorms per block, final
@@ -43,7 +46,10 @@ class MemoryRow:
 
 
 def memory_20b() -> list[MemoryRow]:
-    """The 20B weight-memory table, naive against what the stored tensors take, in GB (10^9 bytes) (chapter: 3)."""
+    """The 20B weight-memory table, naive against what the stored tensors take (chapter: 3).
+
+    In GB (10^9 bytes).
+    """
     from memlab.quant.functional import bits_per_parameter
 
     g = neox_20b_groups()

@@ -28,7 +28,10 @@ class SpeedRow:
 
 @dataclass(frozen=True)
 class QuantSpeed:
-    """bitsandbytes int8, LLM.int8() and NF4 linear layers against bf16, timed with CUDA events (chapter: 3)."""
+    """bitsandbytes int8, LLM.int8() and NF4 linear layers against bf16 (chapter: 3).
+
+    Timed with CUDA events.
+    """
 
     status: str  # "measured", or "not measurable on <device>: why"
     device: str

@@ -107,7 +107,9 @@ class MatmulPath:
 @torch.no_grad()
 def matmul_path(linear: nn.Linear, scheme: str = "nf4", *, compute_dtype: str = "bf16",
                 tokens: int = 8, seed: int = 0, cpu_path: str = "dequantize") -> MatmulPath:
-    """Run ``linear`` as bitsandbytes' ``scheme`` layer on the CPU and record how it multiplies (chapter: 3).
+    """Run ``linear`` as bitsandbytes' ``scheme`` layer on the CPU (chapter: 3).
+
+    It records how the layer multiplies.
 
     ``compute_dtype`` is the 4-bit layer's (``bf16``, ``fp16``, ``fp32``); the input is
     ``tokens`` random rows in that dtype. ``cpu_path`` picks the 4-bit layer's CPU path
