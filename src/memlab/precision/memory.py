@@ -149,7 +149,7 @@ def traced_step(cfg: ModelConfig, batch_size: int, seq_len: int, precision: str)
 
 def _estimated_step(cfg: ModelConfig, batch_size: int, seq_len: int, precision: str,
                     device: str):
-    from memlab.memory.estimate import estimate
+    from memlab.memory.estimator import estimate
 
     return estimate(cfg, batch_size=batch_size, seq_len=seq_len, precision=precision,
                     device=device)
@@ -193,7 +193,7 @@ def memory_by_mode(
     check_positive_int("batch_size", batch_size)
     check_positive_int("seq_len", seq_len)
     if how == "estimated":
-        from memlab.memory.estimate import DEVICES
+        from memlab.memory.estimator import DEVICES
 
         dev = torch.device("cpu")
         convention = check_choice("estimator device", device or "cuda", DEVICES)
@@ -306,7 +306,7 @@ def autocast_crossover(
     Estimated with :func:`memlab.memory.estimator.estimate` (AdamW, foreach) for batches 1 to
     ``max_batch``; ``device`` names the estimator's conventions.
     """
-    from memlab.memory.estimate import DEVICES
+    from memlab.memory.estimator import DEVICES
 
     check_choice("autocast precision", precision, ("bf16-mixed", "fp16-mixed"))
     check_choice("estimator device", device, DEVICES)
