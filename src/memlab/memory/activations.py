@@ -70,7 +70,7 @@ def saved_tensors(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision:
     out: list[SavedTensor] = []
 
     def add(name, scope, shape, dtype, nbytes):
-        out.append(SavedTensor(name, scope, shape, dtype, int(nbytes)))
+        out.append(SavedTensor(name, scope, shape, dtype, nbytes))
 
     # Rotary tables: computed once per forward in fp32. fp32 attention uses them directly
     # (saved once); 16-bit attention casts them inside every block (saved per block);
@@ -282,8 +282,8 @@ _MLP_NAMES = {"gate projection", "silu(gate)", "up projection", "silu(gate) * up
               "MLP up projection (GELU input)", "GELU output"}
 
 
-def _stage(t: SavedTensor) -> str:
-    """Which part of a block made a saved tensor, in forward order."""
+def stage_of(t: SavedTensor) -> str:
+    """Which part of a block made a saved tensor, in forward order (chapters: 1, 7)."""
     if t.name.startswith("Linear weights cast"):
         return "casts"
     if t.name.startswith("attention norm"):
@@ -291,6 +291,22 @@ def _stage(t: SavedTensor) -> str:
     if t.name.startswith("MLP norm"):
         return "MLP norm"
     return "MLP" if t.name in _MLP_NAMES or t.name.startswith("MLP") else "attention"
+
+
+
+def backward_role(t: SavedTensor) -> str | None:
+    """What a saved tensor's backward holds beside it, when not a gradient of its own size (chapters: 1, 7).
+
+    'linear input': the gradient of an output Linear's (B, T, C) output; 'softmax': eager
+    attention's probabilities, whose scores are alive beside them in the forward pass;
+    'logsumexp': FlashAttention's, whose backward allocates its workspace
+    (:func:`flash_backward_workspace`); 'product factor': one factor of silu(gate) * up, whose
+    backward returns both factors' gradients at once. None otherwise.
+    """
+    if t.name in _LINEAR_INPUTS:
+        return "linear input"
+    return {"softmax probabilities": "softmax", "attention logsumexp": "logsumexp",
+            "up projection": "product factor"}.get(t.name)
 
 
 def grads_done_in_block(cfg: ModelConfig, precision: str) -> dict[str, tuple[int, int]]:
@@ -387,7 +403,7 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
         before = 0
         for t in block:
             before += t.bytes
-            if t.name == "softmax probabilities":
+            if backward_role(t) == "softmax":
                 scores = B * cfg.n_head * T * T * cb
                 if t.bytes != scores:  # CUDA autocast: the softmax reads an fp32 copy of them
                     scores += B * cfg.n_head * T * T * 4
@@ -416,7 +432,7 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
             bwd = max(bwd, model_level + below[layer] + softmax_at[0] + softmax_at[1] + done + dx)
         prefix = 0
         for t in (lowest if lowest and layer == 0 and not recomputed[layer] else block):
-            stage = _stage(t)
+            stage = stage_of(t)
             if stage == "casts":  # freed one Linear at a time: counted per stage below
                 continue
             prefix += t.bytes
@@ -427,10 +443,11 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
             d_out = BT * C * cb if stage == "attention" else 0
             # Its backward holds the tensor, the gradient w.r.t. it, and the gradient of what
             # consumed it: the same size for elementwise ops, (B, T, C) for the output Linears.
-            consumer_grad = BT * C * cb if t.name in _LINEAR_INPUTS else t.bytes
-            if cfg.attention == "flash" and t.name == "attention logsumexp":
+            role = backward_role(t)
+            consumer_grad = BT * C * cb if role == "linear input" else t.bytes
+            if cfg.attention == "flash" and role == "logsumexp":
                 consumer_grad = flash_backward_workspace(cfg, B, T, precision) - t.bytes
-            elif t.name == "up projection":
+            elif role == "product factor":
                 # The product's backward returns the gradients of both factors at once.
                 consumer_grad = 2 * t.bytes
             alive = (model_level + below[layer] + prefix + casts_alive + done + grads_done + dx
@@ -472,7 +489,7 @@ def saved_by_stage(saved: list[SavedTensor]) -> dict[str, int]:
            "MLP": 0}
     for t in saved:
         if t.scope == "layer":
-            stage = _stage(t)
+            stage = stage_of(t)
             out["autocast weight copies" if stage == "casts" else stage] += t.bytes
     out["kept once, outside the blocks"] = sum(t.bytes for t in saved if t.scope != "layer")
     return out
