@@ -82,7 +82,7 @@ def test_estimator_data_comes_from_the_library():
     data = est.estimator_data()
     assert data["param_bytes"] == PARAM_BYTES and data["compute_bytes"] == COMPUTE_BYTES
     assert data["bnb"] == {"block": BNB_BLOCK, "min_numel": BNB_MIN_NUMEL, "map_entries": 256}
-    assert data["bytes"] == {"int64": 8, "fp32": 4, "half": 2, "bool": 1, "uint8": 1}
+    assert data["bytes"] == {"int64": 8, "fp32": 4, "uint8": 1}
     assert data["phases"] == list(PHASES)
     assert [g["name"] for g in data["gpus"]] == [g.name for g in CATALOGUE]
     for g in data["gpus"]:
@@ -173,6 +173,19 @@ def test_estimator_script_ships_as_package_data_and_holds_no_constant():
         assert not re.search(rf"\b{literal}\b", code), literal
     for product in (r"\*\s*[48]\b", r"\b[48]\s*\*"):  # no fp32 or int64 width in a product
         assert not re.search(product, code), product
+
+
+def test_number_formatting_has_one_home_shared_by_the_pieces():
+    """format.js writes numbers as Python does, for the estimator and the bit viewer alike."""
+    shared = static_script("format.js")
+    for name in ("pyFixed", "groupThousands", "intText", "floatRepr", "pyRepr"):
+        assert f"function {name}(" in shared, name
+        for script in ("estimator.js", "bitviewer.js"):
+            assert f"function {name}(" not in static_script(script), (script, name)
+    from memlab.interactive.bitviewer import bit_viewer
+
+    for page in (est.memory_estimator().html(), bit_viewer().html()):
+        assert page.count(shared) == 1
 
 
 def test_memory_estimator_html_is_self_contained_with_unique_ids():

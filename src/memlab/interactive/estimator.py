@@ -206,8 +206,8 @@ def estimator_data(model: str | ModelConfig = "llama2-7b", gpus=CATALOGUE) -> di
     big, small = READOUT_UNITS
     return {
         "version": 2,
+        # what the script's own arithmetic multiplies by: token ids, fp32 sums, 8-bit states
         "bytes": {"int64": torch.int64.itemsize, "fp32": torch.float32.itemsize,
-                  "half": torch.bfloat16.itemsize, "bool": torch.bool.itemsize,
                   "uint8": torch.uint8.itemsize},
         "param_bytes": dict(PARAM_BYTES),
         "compute_bytes": dict(COMPUTE_BYTES),

@@ -2,7 +2,8 @@
 page's script (``static/estimator.js``) interprets (chapter 1).
 
 :func:`walk_tables` runs the Python walk itself (:func:`memlab.memory.activations.saved_tensors`,
-the blocks it is made of, :func:`memlab.model.config.param_groups`,
+the blocks it is made of (:func:`memlab.memory.activations.block_tensors`),
+:func:`memlab.model.config.param_groups`,
 :func:`memlab.memory.activations.grads_done_in_block`) on a model whose shapes are symbols (B, T,
 C, F, V, nh, nkv, hs, Tmax), for every switch the page offers, and writes down what comes out:
 each saved tensor's name, scope, symbolic shape, element count as a polynomial in the symbols, and
@@ -10,7 +11,8 @@ its dtype as a rule of the switches (precision, device, attention, checkpointing
 Changing the walk changes the tables.
 
 The tables are committed as ``static/estimator_walk.json``, the page's copy; rewrite it with
-``PYTHONPATH=src python -m memlab.interactive.walk``. A unit test fails while the two differ.
+``PYTHONPATH=src python -m memlab.interactive.walk`` (the RuntimeWarning that
+memlab.interactive already imported it is harmless). A unit test fails while the two differ.
 """
 
 from __future__ import annotations
@@ -24,9 +26,8 @@ from types import SimpleNamespace
 import torch
 
 from memlab.memory.activations import (
-    _gpt2_block,
-    _llama_block,
     backward_role,
+    block_tensors,
     grads_done_in_block,
     saved_tensors,
     stage_of,
@@ -190,14 +191,13 @@ def _rows_json(rows: list[dict]) -> list[dict]:
 
 def _inventory(style: str) -> dict:
     """The block's saved tensors, and the step's: the block's rows stand for one 'block' row."""
-    make_block = _llama_block if style == "llama" else _gpt2_block
     B, T = Sym.of("B"), Sym.of("T")
     block_names, step_names = ("precision", "device", "attention"), tuple(SWITCHES)
     blocks, steps = {}, {}
     for variant in product(*(SWITCHES[n] for n in step_names)):
         precision, device, attention, ckpt = variant
         cfg = symbolic_config(style, attention)
-        block = make_block(cfg, B, T, precision, device)
+        block = block_tensors(cfg, B, T, precision, device)
         blocks[variant[:3]] = [_row(t, True) for t in block]
         saved = saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision,
                               checkpointing=ckpt, device=device)

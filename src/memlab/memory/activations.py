@@ -81,20 +81,19 @@ def saved_tensors(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision:
 
     if cfg.style == "gpt2":
         add("positions 0..T-1 (int64)", "model", "(T,)", "int64", T * 8)
-    make_block = _llama_block if cfg.style == "llama" else _gpt2_block
     units = plan.units(cfg.n_layer)
     kept_units = sum(1 for *_, c in units if c)
     kept_blocks = sum(e - s for s, e, c in units if not c)
     if plan.kind == "full":
         add("block input (kept by checkpointing)", "layer", "(B, T, C)", sdt, BT * C * sb)
     elif plan.kind in ("none", "selective"):
-        out += make_block(cfg, B, T, precision, device, selective=plan.kind == "selective")
+        out += block_tensors(cfg, B, T, precision, device, selective=plan.kind == "selective")
     else:  # some units keep their input only, the other blocks keep everything
         out.append(SavedTensor("unit input (kept by checkpointing)", "blocks", "(B, T, C)", sdt,
                                BT * C * sb, kept_units))
         if kept_blocks:
             out += [replace(t, scope="blocks", copies=kept_blocks)
-                    for t in make_block(cfg, B, T, precision, device)]
+                    for t in block_tensors(cfg, B, T, precision, device)]
 
     # The final norm, the head and the loss.
     if cfg.style == "llama":
@@ -259,6 +258,12 @@ def _gpt2_block(cfg, B, T, precision, device, selective=False):
     return out
 
 
+def block_tensors(cfg, B, T, precision, device, selective=False) -> list[SavedTensor]:
+    """What one block of the model's style saves, in forward order (chapters: 1, 7)."""
+    make_block = _llama_block if cfg.style == "llama" else _gpt2_block
+    return make_block(cfg, B, T, precision, device, selective=selective)
+
+
 def activation_bytes(saved: list[SavedTensor], n_layer: int) -> int:
     """Total bytes of a :func:`saved_tensors` list for a model of ``n_layer`` blocks (chapters: 1, 7)."""
     return sum(t.bytes * _copies(t, n_layer) for t in saved)
@@ -371,8 +376,7 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
     A = activation_bytes(saved, L - 1 if lowest else L)
     # The full (recomputed) block: what a non-checkpointed block saves.
     if block is None:
-        block = (_llama_block if cfg.style == "llama" else _gpt2_block)(cfg, B, T, precision,
-                                                                         device)
+        block = block_tensors(cfg, B, T, precision, device)
     block_bytes = sum(t.bytes for t in block)
     units = plan.units(L)
     x_in = BT * C * sb  # a checkpointed unit's input: the residual stream
