@@ -1,4 +1,4 @@
-import base64
+import dataclasses
 import json
 import re
 import shutil
@@ -18,16 +18,13 @@ from matplotlib.figure import Figure  # noqa: E402
 from memlab.errors import MemlabError  # noqa: E402
 from memlab.gpus import CATALOGUE, RESERVED_BYTES, fits, get_gpu  # noqa: E402
 from memlab.interactive import estimator as est  # noqa: E402
-from memlab.interactive.estimator import estimate_summary, render_outputs  # noqa: E402
+from memlab.interactive.estimator import estimate_summary  # noqa: E402
 from memlab.interactive.page import static_script  # noqa: E402
-from memlab.memory.activations import COMPUTE_BYTES, PARAM_BYTES
+from memlab.interactive.walk import WALK_FILE, page_walk, walk_tables, walk_text  # noqa: E402
+from memlab.memory.activations import COMPUTE_BYTES, PARAM_BYTES, saved_tensors
 from memlab.memory.estimator import BNB_BLOCK, BNB_MIN_NUMEL, estimate
 from memlab.model.config import PRESETS, config_from_hf_dict, get_config  # noqa: E402
 from memlab.model.step import PHASES  # noqa: E402
-
-
-def _text(outputs) -> str:
-    return outputs[0]["data"]["text/plain"]
 
 
 def test_estimate_summary_returns_a_figure_and_names_the_peak_and_gpus():
@@ -54,92 +51,6 @@ def test_seq_len_above_the_model_maximum_is_capped_with_a_note():
     assert "gpt2 takes at most 1,024 tokens; sequence length 4,096 capped at 1,024" in text
     peak = estimate("gpt2", batch_size=1, seq_len=1024, precision="bf16-mixed").peak_bytes
     assert f"estimated peak {peak / 2**30:,.2f} GiB" in text
-
-
-def test_render_outputs_holds_text_and_png_and_reports_bad_input():
-    before = plt.get_fignums()  # other tests may have left figures open
-    outputs = render_outputs(model="gpt2", seq_len=256)
-    assert [o["output_type"] for o in outputs] == ["display_data", "display_data"]
-    png = base64.b64decode(outputs[1]["data"]["image/png"])
-    assert png.startswith(b"\x89PNG")
-    assert outputs[1]["metadata"]["image/png"]["width"] > 0
-    bad = render_outputs(model="gpt2", seq_len=256, optimizer="lion")
-    assert len(bad) == 1 and _text(bad).startswith("memlab: error: unknown optimizer 'lion'")
-    assert plt.get_fignums() == before  # the widget closes every figure it draws
-
-
-def test_widget_builds_with_the_default_picture_and_no_open_figure():
-    pytest.importorskip("ipywidgets")
-    from memlab.interactive.estimator import estimator_widget
-
-    before = plt.get_fignums()
-    box = estimator_widget()
-    assert plt.get_fignums() == before  # nothing left for an inline backend to show again
-    c = box.controls
-    assert set(c) == {"model", "batch_size", "seq_len", "precision", "optimizer",
-                      "optimizer_impl", "checkpointing"}
-    assert not any(str(v).startswith("tiny") for v in c["model"].options)
-    assert c["seq_len"].options == (128, 256, 512, 1024, 2048, 4096)  # llama2-7b: 4096 max
-    assert box.output in box.children
-    outputs = box.output.outputs
-    assert "image/png" in outputs[1]["data"]
-    assert "llama2-7b, batch 1 x 2,048 tokens, bf16-mixed, adamw (foreach)" in _text(outputs)
-
-
-def test_changing_a_control_redraws():
-    pytest.importorskip("ipywidgets")
-    from memlab.interactive.estimator import estimator_widget
-
-    box = estimator_widget()
-    first = box.output.outputs
-    box.controls["batch_size"].value = 8
-    second = box.output.outputs
-    assert "batch 8 x" in _text(second) and _text(second) != _text(first)
-    assert second[1]["data"]["image/png"] != first[1]["data"]["image/png"]
-    box.controls["checkpointing"].value = True
-    assert "checkpointing" in _text(box.output.outputs)
-    box.controls["optimizer_impl"].value = "fused"
-    assert "adamw (fused)" in _text(box.output.outputs)
-
-
-def test_model_change_caps_the_sequence_length_and_remembers_the_request():
-    pytest.importorskip("ipywidgets")
-    from memlab.interactive.estimator import estimator_widget
-
-    box = estimator_widget(model="llama3-8b", seq_len=8192)
-    seq = box.controls["seq_len"]
-    assert seq.value == 8192
-    box.controls["model"].value = "gpt2"
-    assert seq.options == (128, 256, 512, 1024) and seq.value == 1024
-    assert "sequence length 8,192 capped at 1,024" in _text(box.output.outputs)
-    box.controls["model"].value = "llama3-8b"  # the length asked for comes back
-    assert seq.value == 8192 and "capped" not in _text(box.output.outputs)
-    seq.value = 512
-    box.controls["model"].value = "gpt2"
-    assert seq.value == 512 and "capped" not in _text(box.output.outputs)
-
-
-def test_widget_caps_a_too_long_initial_length_instead_of_raising():
-    pytest.importorskip("ipywidgets")
-    from memlab.interactive.estimator import estimator_widget
-
-    box = estimator_widget(model="gpt2", seq_len=4096)
-    assert box.controls["seq_len"].value == 1024
-    assert "capped at 1,024" in _text(box.output.outputs)
-    with pytest.raises(MemlabError, match="unknown precision 'fp8'"):
-        estimator_widget(precision="fp8")
-
-
-def test_updates_do_not_leak_figures():
-    pytest.importorskip("ipywidgets")
-    from memlab.interactive.estimator import estimator_widget
-
-    box = estimator_widget(model="gpt2", seq_len=512)
-    before = len(plt.get_fignums())
-    sizes = box.controls["batch_size"].options
-    for i in range(10):
-        box.controls["batch_size"].value = sizes[i % len(sizes)] if i % 2 else sizes[-1 - i]
-    assert len(plt.get_fignums()) == before
 
 
 # ---- the kernel-free estimator --------------------------------------------------------------
@@ -171,7 +82,7 @@ def test_estimator_data_comes_from_the_library():
     data = est.estimator_data()
     assert data["param_bytes"] == PARAM_BYTES and data["compute_bytes"] == COMPUTE_BYTES
     assert data["bnb"] == {"block": BNB_BLOCK, "min_numel": BNB_MIN_NUMEL, "map_entries": 256}
-    assert data["bytes"] == {"int64": 8, "fp32": 4, "half": 2, "bool": 1, "uint8": 1}
+    assert data["bytes"] == {"int64": 8, "fp32": 4, "uint8": 1}
     assert data["phases"] == list(PHASES)
     assert [g["name"] for g in data["gpus"]] == [g.name for g in CATALOGUE]
     for g in data["gpus"]:
@@ -184,7 +95,69 @@ def test_estimator_data_comes_from_the_library():
             p.kv_heads, p.head_dim, p.ffn_dim, p.tied)
     assert data["hf"]["gpt2_ffn_per_width"] == 4
     assert data["hf"]["tied_by_default"] == {"gpt2": True, "llama": False}
+    assert data["walk"] == page_walk()
     json.dumps(data, allow_nan=False)  # JSON as it is
+
+
+def test_the_page_s_walk_is_the_python_walk():
+    """The page's tables (static/estimator_walk.json) are what the Python walk writes now.
+
+    The page's script computes from that committed file, not from Python: a change to
+    saved_tensors, the blocks, param_groups or grads_done_in_block that is not written into it
+    leaves the page computing the old walk. Regenerate it with
+    ``PYTHONPATH=src python -m memlab.interactive.walk`` (memlab.interactive.walk.write_walk)
+    and commit the file with the change.
+    """
+    committed = (resources.files("memlab.interactive") / "static" / WALK_FILE).read_text(
+        encoding="utf-8")
+    assert committed == walk_text(), (
+        "static/estimator_walk.json is stale: run PYTHONPATH=src python -m memlab.interactive.walk")
+
+
+def test_the_walk_tables_give_saved_tensors_bytes():
+    """Read back at real shapes, the tables give saved_tensors' bytes, tensor by tensor."""
+    walk = walk_tables()
+    for name in ("gpt2", "llama-1b", "llama3-8b", "mistral-7b"):
+        for precision, device, attention, ckpt in [("bf16-mixed", "cuda", "eager", False),
+                                                   ("fp32", "cpu", "flash", True),
+                                                   ("bf16", "cpu", "sdpa", False),
+                                                   ("fp16-mixed", "cuda", "flash", False)]:
+            cfg = dataclasses.replace(PRESETS[name], attention=attention)
+            want = saved_tensors(cfg, batch_size=3, seq_len=20, precision=precision,
+                                 checkpointing=ckpt, device=device)
+            got = _walk_saved(walk, cfg, dict(batch_size=3, seq_len=20, precision=precision,
+                                              device=device, attention=attention,
+                                              checkpointing=ckpt))
+            assert got == [(t.scope, t.dtype, t.bytes) for t in want], (name, precision, ckpt)
+
+
+def _walk_saved(walk, cfg, s) -> list[tuple]:
+    """The tables read as estimator.js reads them (savedTensors), in Python."""
+    d = {sym: s.get(field, getattr(cfg, field, None)) for sym, field in walk["symbols"].items()}
+
+    def poly(p):
+        total = 0
+        for coef, syms in p:
+            for sym in syms:
+                base, _, k = sym.partition("//")
+                coef *= d[base] // int(k) if k else d[sym]
+            total += coef
+        return total
+
+    def rows(table):
+        out = []
+        for row in table:
+            key = "/".join(str(s[k]).lower() if isinstance(s[k], bool) else str(s[k])
+                           for k in row["by"])
+            if key in row["dtype"]:
+                dtype = row["dtype"][key]
+                if dtype == "block":
+                    out += rows(walk["styles"][cfg.style]["block"])
+                else:
+                    out.append((row["scope"], dtype, walk["dtype_bytes"][dtype] * poly(row["numel"])))
+        return out
+
+    return rows(walk["styles"][cfg.style]["saved"])
 
 
 def test_estimator_script_ships_as_package_data_and_holds_no_constant():
@@ -200,6 +173,19 @@ def test_estimator_script_ships_as_package_data_and_holds_no_constant():
         assert not re.search(rf"\b{literal}\b", code), literal
     for product in (r"\*\s*[48]\b", r"\b[48]\s*\*"):  # no fp32 or int64 width in a product
         assert not re.search(product, code), product
+
+
+def test_number_formatting_has_one_home_shared_by_the_pieces():
+    """format.js writes numbers as Python does, for the estimator and the bit viewer alike."""
+    shared = static_script("format.js")
+    for name in ("pyFixed", "groupThousands", "intText", "floatRepr", "pyRepr"):
+        assert f"function {name}(" in shared, name
+        for script in ("estimator.js", "bitviewer.js"):
+            assert f"function {name}(" not in static_script(script), (script, name)
+    from memlab.interactive.bitviewer import bit_viewer
+
+    for page in (est.memory_estimator().html(), bit_viewer().html()):
+        assert page.count(shared) == 1
 
 
 def test_memory_estimator_html_is_self_contained_with_unique_ids():

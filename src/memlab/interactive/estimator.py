@@ -2,32 +2,29 @@
 
 :func:`memory_estimator` renders a self-contained HTML block (inline style, inline script, no
 external resource) that recomputes in the browser with no kernel: in the built book, and in a
-live Jupyter, Colab or VS Code output. Its script (``static/estimator.js``) is a port of
-:func:`memlab.memory.estimate` for a training step; every number it multiplies by (bytes per dtype
-and per precision, bitsandbytes' block size, the presets' shapes, each GPU's usable bytes, the
-table that reads a Hugging Face ``config.json``) is passed to it as JSON by
-:func:`estimator_data`. :func:`estimate_readout` is what the page shows for one setting,
+live Jupyter, Colab or VS Code output. Its script (``static/estimator.js``) interprets
+:func:`memlab.memory.estimate`'s walk for a training step as Python writes it down
+(:mod:`memlab.interactive.walk`: the saved tensors of each layer kind, the parameter tensors);
+every number it multiplies by (bytes per dtype and per precision, bitsandbytes' block size,
+FlashAttention's tiles, the presets' shapes, each GPU's usable bytes, the table that reads a
+Hugging Face ``config.json``) is passed to it as JSON by :func:`estimator_data`. :func:`estimate_readout` is what the page shows for one setting,
 computed by Python: the first render, and what the browser test holds the script to.
-
-:func:`estimator_widget` is the older ipywidgets version, computed by Python at every change (it
-needs a kernel); :func:`estimate_summary` draws its figure and text.
+:func:`estimate_summary` draws one setting's phases as a figure, with the same text.
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import random
 import uuid
 
-import matplotlib.pyplot as plt
 import torch
 
 from memlab import plot
-from memlab.errors import MemlabError, check_choice, check_positive_int, require
+from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.gpus import CATALOGUE, RESERVED_BYTES, fits, get_gpu
 from memlab.interactive.page import mount_scripts
+from memlab.interactive.walk import page_walk
 from memlab.memory.activations import COMPUTE_BYTES, FLASH_TILES, PARAM_BYTES
 from memlab.memory.estimator import BNB_BLOCK, BNB_MIN_NUMEL, DEVICES, estimate
 from memlab.model.config import (
@@ -50,8 +47,6 @@ from memlab.units import UNITS, fmt_bytes, to_unit
 
 BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192)
-WIDGET_OPTIMIZERS = ("adamw", "sgd", "sgd-momentum", "adamw-8bit")
-PNG_SCALE = 2  # PNG pixels per CSS pixel: sharp on high-density screens
 
 
 def _model_names() -> tuple[str, ...]:
@@ -93,139 +88,6 @@ def estimate_summary(model: str | ModelConfig = "llama2-7b", batch_size: int = 1
         lines.append(f"fits on (peak at most the usable memory, {_usable_rule()}): {marks}")
     fig = plot.step_phases(est, unit=unit, title=f"estimated memory per phase: {cfg.name}")
     return fig, "\n".join(lines)
-
-
-def _png_output(fig) -> dict:
-    """A display_data output holding ``fig`` as a PNG, at its CSS size."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=fig.dpi * PNG_SCALE, bbox_inches="tight")
-    png = buf.getvalue()
-    width, height = (int.from_bytes(png[i:i + 4], "big") for i in (16, 20))  # IHDR
-    return {
-        "output_type": "display_data",
-        "data": {"image/png": base64.b64encode(png).decode("ascii"),
-                 "text/plain": f"<Figure size {width // PNG_SCALE}x{height // PNG_SCALE}>"},
-        "metadata": {"image/png": {"width": width // PNG_SCALE, "height": height // PNG_SCALE}},
-    }
-
-
-def _text_output(text: str) -> dict:
-    body = "<br>".join(html.escape(line) for line in text.splitlines())
-    return {"output_type": "display_data",
-            "data": {"text/html": f"<div>{body}</div>", "text/plain": text}, "metadata": {}}
-
-
-def render_outputs(**setup) -> tuple[dict, ...]:
-    """The Output widget's outputs for one setup: the text and the PNG, or the error (chapter: 1)."""
-    try:
-        fig, text = estimate_summary(**setup)
-    except MemlabError as err:
-        return (_text_output(f"memlab: error: {err}"),)
-    try:
-        return (_text_output(text), _png_output(fig))
-    finally:
-        plt.close(fig)
-
-
-def _with(options: tuple, value) -> tuple:
-    """``options`` plus ``value`` where it is missing, in order."""
-    return options if value in options else tuple(sorted({*options, value}))
-
-
-def _seq_options(cfg: ModelConfig, requested: int) -> tuple[int, ...]:
-    cap = min(requested, cfg.max_seq_len)
-    return tuple(sorted({s for s in SEQ_LENS if s <= cfg.max_seq_len} | {cap}))
-
-
-def estimator_widget(model: str = "llama2-7b", batch_size: int = 1, seq_len: int = 2048,
-                     precision: str = "bf16-mixed", optimizer: str = "adamw",
-                     checkpointing: bool = False, optimizer_impl: str = "foreach"):
-    """An ipywidgets memory estimator: controls, one bar per phase, peak and GPU fits (chapter: 1).
-
-    Returns the container (a ``VBox``); its ``controls`` dict maps each setting to its control
-    and ``output`` is the ``Output`` holding the text and the picture.
-    """
-    widgets = require("ipywidgets", "estimator_widget", extra="notebook")
-    names = _model_names()
-    check_choice("model", model, PRESETS)
-    cfg = get_config(model)
-    StepSpec(cfg, batch_size=batch_size, seq_len=min(check_positive_int("seq_len", seq_len),
-                                                     cfg.max_seq_len),
-             precision=precision, optimizer=optimizer, optimizer_impl=optimizer_impl,
-             checkpointing=checkpointing)  # every switch checked once, as estimate checks it
-
-    style = {"description_width": "110px"}
-    wide = widgets.Layout(width="340px")
-    model_labels = [(f"{n} ({PRESETS[n].num_parameters() / 1e9:.2f}B)", n)
-                    for n in _with(names, model)]
-    controls = {
-        "model": widgets.Dropdown(options=model_labels, value=model, description="model",
-                                  style=style, layout=wide),
-        "batch_size": widgets.SelectionSlider(
-            options=_with(BATCH_SIZES, batch_size), value=batch_size, description="batch size",
-            continuous_update=False, style=style, layout=wide),
-        "seq_len": widgets.Dropdown(
-            options=_seq_options(PRESETS[model], seq_len),
-            value=min(seq_len, PRESETS[model].max_seq_len), description="sequence length",
-            style=style, layout=wide),
-        "precision": widgets.Dropdown(options=PRECISIONS, value=precision,
-                                      description="precision", style=style, layout=wide),
-        "optimizer": widgets.Dropdown(options=_with(WIDGET_OPTIMIZERS, optimizer),
-                                      value=optimizer, description="optimizer", style=style,
-                                      layout=wide),
-        # A Dropdown, not ToggleButtons: those draw Font Awesome icons, whose fonts the
-        # widget manager of a built page would fetch from beside the page.
-        "optimizer_impl": widgets.Dropdown(options=OPTIMIZER_IMPLS, value=optimizer_impl,
-                                           description="implementation", style=style,
-                                           layout=wide),
-        "checkpointing": widgets.Checkbox(value=checkpointing,
-                                          description="activation checkpointing", style=style),
-    }
-    output = widgets.Output(layout=widgets.Layout(min_height="340px"))
-    state = {"seq_len": seq_len, "syncing": False}  # the length asked for, before capping
-
-    def redraw() -> None:
-        setup = {k: c.value for k, c in controls.items()}
-        setup["seq_len"] = state["seq_len"]
-        output.outputs = render_outputs(**setup)
-
-    def on_model(change) -> None:
-        cfg = PRESETS[change["new"]]
-        seq = controls["seq_len"]
-        state["syncing"] = True  # new options reset the value: not a choice of the reader
-        try:
-            seq.options = _seq_options(cfg, state["seq_len"])
-            seq.value = min(state["seq_len"], cfg.max_seq_len)
-        finally:
-            state["syncing"] = False
-        redraw()
-
-    def on_seq_len(change) -> None:
-        if not state["syncing"]:
-            state["seq_len"] = change["new"]
-            redraw()
-
-    def on_other(change) -> None:
-        redraw()
-
-    controls["model"].observe(on_model, names="value")
-    controls["seq_len"].observe(on_seq_len, names="value")
-    for key, control in controls.items():
-        if key not in ("model", "seq_len"):
-            control.observe(on_other, names="value")
-
-    c = controls
-    box = widgets.VBox([
-        widgets.HBox([
-            widgets.VBox([c["model"], c["batch_size"], c["seq_len"], c["checkpointing"]]),
-            widgets.VBox([c["precision"], c["optimizer"], c["optimizer_impl"]]),
-        ]),
-        output,
-    ])
-    box.controls = controls
-    box.output = output
-    redraw()
-    return box
 
 
 # ---- the kernel-free estimator ----------------------------------------------------------------
@@ -334,16 +196,18 @@ def estimator_data(model: str | ModelConfig = "llama2-7b", gpus=CATALOGUE) -> di
     """Everything the estimator's script multiplies by, as JSON-ready data read from the library (chapter: 1).
 
     Bytes of each dtype (torch), of parameters and matmul outputs per precision and
-    bitsandbytes' blocks (memlab.memory.estimator), the menu's models resolved by ModelConfig,
-    each GPU's usable bytes (memlab.gpus), the config.json table (memlab.model.transformer).
+    bitsandbytes' blocks (memlab.memory.estimator), the walk's tables (``walk``: the committed
+    ``static/estimator_walk.json`` of :mod:`memlab.interactive.walk`), the menu's models
+    resolved by ModelConfig, each GPU's usable bytes (memlab.gpus), the config.json table
+    (memlab.model.config).
     """
     menu, _ = _menu_models(model)
     gpu_list = [get_gpu(g) for g in gpus]
     big, small = READOUT_UNITS
     return {
-        "version": 1,
+        "version": 2,
+        # what the script's own arithmetic multiplies by: token ids, fp32 sums, 8-bit states
         "bytes": {"int64": torch.int64.itemsize, "fp32": torch.float32.itemsize,
-                  "half": torch.bfloat16.itemsize, "bool": torch.bool.itemsize,
                   "uint8": torch.uint8.itemsize},
         "param_bytes": dict(PARAM_BYTES),
         "compute_bytes": dict(COMPUTE_BYTES),
@@ -357,6 +221,7 @@ def estimator_data(model: str | ModelConfig = "llama2-7b", gpus=CATALOGUE) -> di
         "flash_block": FLASH_BLOCK,  # the book's FlashAttention tiles (memlab.model.flash)
         "flash_tiles": dict(FLASH_TILES),
         "devices": list(DEVICES),
+        "walk": page_walk(),
         "categories": [{"key": c, "label": CATEGORY_LABELS[c], "color": CATEGORY_COLORS[c]}
                        for c in _categories()],
         "units": {u: UNITS[u] for u in READOUT_UNITS},

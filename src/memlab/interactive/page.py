@@ -1,7 +1,8 @@
 """What every kernel-free piece needs to put itself on a page: its script and its data, inline.
 
 The bit viewer and the memory estimator render self-contained HTML: one ``<script>`` holding
-the JSON their Python side computed, one holding the algorithm from ``static/``.
+the JSON their Python side computed, one per shared script of ``static/`` (``format.js``: numbers
+as Python writes them), one holding the piece's algorithm from ``static/``.
 """
 
 from __future__ import annotations
@@ -31,16 +32,22 @@ def script_json(data) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def mount_scripts(vid: str, data, *, script: str, module: str, role: str = "data") -> str:
-    """The data script and the algorithm script of a piece whose root element has id ``vid`` (chapters: 1, 2).
+SHARED_SCRIPTS = ("format.js",)  # what every piece's script uses: numbers as Python writes them
 
-    The second script mounts ``module`` (the global the static script defines) on its parent,
-    or, where the output was attached elsewhere, on the element with that id once it exists.
+
+def mount_scripts(vid: str, data, *, script: str, module: str, role: str = "data") -> str:
+    """The data script, the shared scripts and the algorithm script of a piece whose root element has id ``vid`` (chapters: 1, 2).
+
+    The shared scripts (:data:`SHARED_SCRIPTS`) define their globals first; defining them again,
+    for a second piece on the page, changes nothing. The last script mounts ``module`` (the
+    global the static script defines) on its parent, or, where the output was attached
+    elsewhere, on the element with that id once it exists.
     """
     vid_js = json.dumps(vid)
     return (
         f'<script type="application/json" data-role="{role}">{script_json(data)}</script>'
-        f"<script>{static_script(script)}\n"
+        + "".join(f"<script>{static_script(name)}</script>" for name in SHARED_SCRIPTS)
+        + f"<script>{static_script(script)}\n"
         f"(function(){{var s=document.currentScript,"
         f"r=s&&s.parentElement&&s.parentElement.id==={vid_js}?s.parentElement:null;"
         f"if(r){{{module}.mount(r,JSON.parse("

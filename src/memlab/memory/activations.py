@@ -70,7 +70,7 @@ def saved_tensors(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision:
     out: list[SavedTensor] = []
 
     def add(name, scope, shape, dtype, nbytes):
-        out.append(SavedTensor(name, scope, shape, dtype, int(nbytes)))
+        out.append(SavedTensor(name, scope, shape, dtype, nbytes))
 
     # Rotary tables: computed once per forward in fp32. fp32 attention uses them directly
     # (saved once); 16-bit attention casts them inside every block (saved per block);
@@ -81,20 +81,19 @@ def saved_tensors(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision:
 
     if cfg.style == "gpt2":
         add("positions 0..T-1 (int64)", "model", "(T,)", "int64", T * 8)
-    make_block = _llama_block if cfg.style == "llama" else _gpt2_block
     units = plan.units(cfg.n_layer)
     kept_units = sum(1 for *_, c in units if c)
     kept_blocks = sum(e - s for s, e, c in units if not c)
     if plan.kind == "full":
         add("block input (kept by checkpointing)", "layer", "(B, T, C)", sdt, BT * C * sb)
     elif plan.kind in ("none", "selective"):
-        out += make_block(cfg, B, T, precision, device, selective=plan.kind == "selective")
+        out += block_tensors(cfg, B, T, precision, device, selective=plan.kind == "selective")
     else:  # some units keep their input only, the other blocks keep everything
         out.append(SavedTensor("unit input (kept by checkpointing)", "blocks", "(B, T, C)", sdt,
                                BT * C * sb, kept_units))
         if kept_blocks:
             out += [replace(t, scope="blocks", copies=kept_blocks)
-                    for t in make_block(cfg, B, T, precision, device)]
+                    for t in block_tensors(cfg, B, T, precision, device)]
 
     # The final norm, the head and the loss.
     if cfg.style == "llama":
@@ -259,6 +258,12 @@ def _gpt2_block(cfg, B, T, precision, device, selective=False):
     return out
 
 
+def block_tensors(cfg, B, T, precision, device, selective=False) -> list[SavedTensor]:
+    """What one block of the model's style saves, in forward order (chapters: 1, 7)."""
+    make_block = _llama_block if cfg.style == "llama" else _gpt2_block
+    return make_block(cfg, B, T, precision, device, selective=selective)
+
+
 def activation_bytes(saved: list[SavedTensor], n_layer: int) -> int:
     """Total bytes of a :func:`saved_tensors` list for a model of ``n_layer`` blocks (chapters: 1, 7)."""
     return sum(t.bytes * _copies(t, n_layer) for t in saved)
@@ -282,8 +287,8 @@ _MLP_NAMES = {"gate projection", "silu(gate)", "up projection", "silu(gate) * up
               "MLP up projection (GELU input)", "GELU output"}
 
 
-def _stage(t: SavedTensor) -> str:
-    """Which part of a block made a saved tensor, in forward order."""
+def stage_of(t: SavedTensor) -> str:
+    """Which part of a block made a saved tensor, in forward order (chapters: 1, 7)."""
     if t.name.startswith("Linear weights cast"):
         return "casts"
     if t.name.startswith("attention norm"):
@@ -291,6 +296,22 @@ def _stage(t: SavedTensor) -> str:
     if t.name.startswith("MLP norm"):
         return "MLP norm"
     return "MLP" if t.name in _MLP_NAMES or t.name.startswith("MLP") else "attention"
+
+
+
+def backward_role(t: SavedTensor) -> str | None:
+    """What a saved tensor's backward holds beside it, when not a gradient of its own size (chapters: 1, 7).
+
+    'linear input': the gradient of an output Linear's (B, T, C) output; 'softmax': eager
+    attention's probabilities, whose scores are alive beside them in the forward pass;
+    'logsumexp': FlashAttention's, whose backward allocates its workspace
+    (:func:`flash_backward_workspace`); 'product factor': one factor of silu(gate) * up, whose
+    backward returns both factors' gradients at once. None otherwise.
+    """
+    if t.name in _LINEAR_INPUTS:
+        return "linear input"
+    return {"softmax probabilities": "softmax", "attention logsumexp": "logsumexp",
+            "up projection": "product factor"}.get(t.name)
 
 
 def grads_done_in_block(cfg: ModelConfig, precision: str) -> dict[str, tuple[int, int]]:
@@ -355,8 +376,7 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
     A = activation_bytes(saved, L - 1 if lowest else L)
     # The full (recomputed) block: what a non-checkpointed block saves.
     if block is None:
-        block = (_llama_block if cfg.style == "llama" else _gpt2_block)(cfg, B, T, precision,
-                                                                         device)
+        block = block_tensors(cfg, B, T, precision, device)
     block_bytes = sum(t.bytes for t in block)
     units = plan.units(L)
     x_in = BT * C * sb  # a checkpointed unit's input: the residual stream
@@ -387,7 +407,7 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
         before = 0
         for t in block:
             before += t.bytes
-            if t.name == "softmax probabilities":
+            if backward_role(t) == "softmax":
                 scores = B * cfg.n_head * T * T * cb
                 if t.bytes != scores:  # CUDA autocast: the softmax reads an fp32 copy of them
                     scores += B * cfg.n_head * T * T * 4
@@ -416,7 +436,7 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
             bwd = max(bwd, model_level + below[layer] + softmax_at[0] + softmax_at[1] + done + dx)
         prefix = 0
         for t in (lowest if lowest and layer == 0 and not recomputed[layer] else block):
-            stage = _stage(t)
+            stage = stage_of(t)
             if stage == "casts":  # freed one Linear at a time: counted per stage below
                 continue
             prefix += t.bytes
@@ -427,10 +447,11 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
             d_out = BT * C * cb if stage == "attention" else 0
             # Its backward holds the tensor, the gradient w.r.t. it, and the gradient of what
             # consumed it: the same size for elementwise ops, (B, T, C) for the output Linears.
-            consumer_grad = BT * C * cb if t.name in _LINEAR_INPUTS else t.bytes
-            if cfg.attention == "flash" and t.name == "attention logsumexp":
+            role = backward_role(t)
+            consumer_grad = BT * C * cb if role == "linear input" else t.bytes
+            if cfg.attention == "flash" and role == "logsumexp":
                 consumer_grad = flash_backward_workspace(cfg, B, T, precision) - t.bytes
-            elif t.name == "up projection":
+            elif role == "product factor":
                 # The product's backward returns the gradients of both factors at once.
                 consumer_grad = 2 * t.bytes
             alive = (model_level + below[layer] + prefix + casts_alive + done + grads_done + dx
@@ -472,7 +493,7 @@ def saved_by_stage(saved: list[SavedTensor]) -> dict[str, int]:
            "MLP": 0}
     for t in saved:
         if t.scope == "layer":
-            stage = _stage(t)
+            stage = stage_of(t)
             out["autocast weight copies" if stage == "casts" else stage] += t.bytes
     out["kept once, outside the blocks"] = sum(t.bytes for t in saved if t.scope != "layer")
     return out

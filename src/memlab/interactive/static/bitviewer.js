@@ -1,9 +1,10 @@
 /* memlab bit viewer (chapter 2, "Number formats").
  *
  * Encodes a number into a float or integer format and decodes a bit pattern back, in the
- * browser, with no kernel and no dependency. This file holds only the algorithms: every
- * format's parameters (widths, bias, range, NaN pattern, what overflow becomes) come from
- * Python (memlab.interactive.bitviewer, read from memlab.precision.formats.spec and torch's casts) as JSON.
+ * browser, with no kernel and no dependency but format.js (numbers as Python writes them).
+ * This file holds only the algorithms: every format's parameters (widths, bias, range, NaN
+ * pattern, what overflow becomes) come from Python (memlab.interactive.bitviewer, read from
+ * memlab.precision.formats.spec and torch's casts) as JSON.
  *
  * Encoding rounds to nearest, ties to even, once, straight from the JS double: the double is
  * scaled by a power of two (exact) so that one unit is one step of the target format, and
@@ -20,14 +21,15 @@
  */
 (function (root, factory) {
   "use strict";
-  var api = factory();
+  var node = typeof module === "object" && module && module.exports && typeof require === "function";
+  var api = factory(node ? require("./format.js") : root.memlabFormat);
   if (typeof module === "object" && module && module.exports) {
     module.exports = api;
   }
   if (root) {
     root.memlabBitViewer = api;
   }
-})(typeof globalThis !== "undefined" ? globalThis : typeof window !== "undefined" ? window : this, function () {
+})(typeof globalThis !== "undefined" ? globalThis : typeof window !== "undefined" ? window : this, function (format) {
   "use strict";
 
   var VERSION = 1;
@@ -91,37 +93,8 @@
     return Number(s);
   }
 
-  /* A double as Python's repr() writes it: shortest round trip, 'e' below 1e-4 and from 1e16. */
-  function pyRepr(x) {
-    if (x !== x) {
-      return "nan";
-    }
-    if (x === Infinity) {
-      return "inf";
-    }
-    if (x === -Infinity) {
-      return "-inf";
-    }
-    if (x === 0) {
-      return 1 / x < 0 ? "-0.0" : "0.0";
-    }
-    var sign = x < 0 ? "-" : "";
-    var parts = Math.abs(x).toExponential().split("e"); // shortest digits
-    var digits = parts[0].replace(".", "");
-    var exp = parseInt(parts[1], 10);
-    if (exp < -4 || exp >= 16) {
-      var mant = digits.charAt(0) + (digits.length > 1 ? "." + digits.slice(1) : "");
-      var e = String(Math.abs(exp));
-      return sign + mant + "e" + (exp < 0 ? "-" : "+") + (e.length < 2 ? "0" + e : e);
-    }
-    if (exp < 0) {
-      return sign + "0." + new Array(-exp).join("0") + digits;
-    }
-    if (digits.length <= exp + 1) {
-      return sign + digits + new Array(exp + 2 - digits.length).join("0") + ".0";
-    }
-    return sign + digits.slice(0, exp + 1) + "." + digits.slice(exp + 1);
-  }
+  /* A double as Python's repr() writes it (format.js). */
+  var pyRepr = format.floatRepr;
 
   /* ---- float formats ---------------------------------------------------------------- */
 

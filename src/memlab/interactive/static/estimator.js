@@ -1,35 +1,42 @@
 /* memlab memory estimator (chapter 1, "Where the memory goes").
  *
- * memlab.memory.estimate for a training step, in the browser, with no kernel and no
- * dependency: the same parameter tensors, the same saved tensors block by block, the same
- * peak per phase (forward, backward with its walk through the last and first blocks,
- * optimizer). This file holds only that arithmetic and the page's controls. Every number it
- * multiplies by comes from Python as JSON (memlab.interactive.estimator.estimator_data): the
- * bytes of each dtype, the bytes of parameters and of matmul outputs per precision,
- * bitsandbytes' block size, the presets' shapes, each GPU's usable bytes, the table that reads
- * a Hugging Face config.json. Tests run it in Chromium against memlab.memory.estimate.
+ * memlab.memory.estimate for a training step, in the browser, with no kernel: an interpreter
+ * of tables that Python writes from its own walk (memlab.interactive.walk, committed as
+ * static/estimator_walk.json). The tables hold what each block and each step saves for the
+ * backward pass (every tensor's element count as a polynomial in the shape symbols, and its
+ * dtype as a rule of the switches), the parameter tensors, and the gradients finished at each
+ * stage of a block's backward. This file adds only the phase arithmetic that is not a table,
+ * each function naming the Python function it mirrors, and the page's controls. Every other
+ * number (bytes per dtype and precision, bitsandbytes' blocks, FlashAttention's tiles, the
+ * presets, each GPU's usable bytes, the config.json table) comes from Python as JSON
+ * (memlab.interactive.estimator.estimator_data). Numbers are written by format.js.
+ * Tests run it in Chromium against memlab.memory.estimate.
  *
  * Exposed as globalThis.memlabEstimator (and module.exports under Node):
- *   estimate(cfg, setting, K)      -> {parameters, phases, peak_phase, breakdown, ...} (bytes)
+ *   estimate(cfg, setting, K)      -> {parameters, phase_peak_bytes, peak_phase, breakdown, ...}
+ *   savedTensors(cfg, setting, K)  -> [{name, scope, bytes, stage, role}] in forward order
  *   configFromHF(raw, K, source)   -> a resolved config, or throws {memlab: true, message}
  *   readout(cfg, setting, K)       -> what the page shows: texts and bytes (or {error})
- *   pyFixed(x, digits), pyRepr(v)  numbers and values written as Python writes them
  *   mount(rootElement, K)          binds one estimator rendered by memlab.interactive.estimator
  *   mountById(id)                  the same, finding the root and its JSON data by id
  */
 (function (root, factory) {
   "use strict";
-  var api = factory();
-  if (typeof module === "object" && module && module.exports) {
+  var node = typeof module === "object" && module && module.exports && typeof require === "function";
+  var api = factory(node ? require("./format.js") : root.memlabFormat);
+  if (node) {
     module.exports = api;
   }
   if (root) {
     root.memlabEstimator = api;
   }
-})(typeof globalThis !== "undefined" ? globalThis : typeof window !== "undefined" ? window : this, function () {
+})(typeof globalThis !== "undefined" ? globalThis : typeof window !== "undefined" ? window : this, function (format) {
   "use strict";
 
-  var VERSION = 1;
+  var VERSION = 2;
+  var pyFixed = format.pyFixed;
+  var pyRepr = format.pyRepr;
+  var intText = format.intText;
 
   function MemlabError(message) {
     this.memlab = true;
@@ -48,217 +55,106 @@
     return s;
   }
 
-  /* ---- numbers and values as Python writes them ------------------------------------ */
+  /* ---- the tables (memlab.interactive.walk.walk_tables) ----------------------------- */
 
-  var view = new DataView(new ArrayBuffer(8));
-
-  /* format(x, ",.<digits>f") of a finite double: its exact value, rounded half to even. */
-  function pyFixed(x, digits) {
-    var negative = x < 0 || (x === 0 && 1 / x < 0);
-    view.setFloat64(0, Math.abs(x));
-    var hi = view.getUint32(0);
-    var lo = view.getUint32(4);
-    var biased = (hi >>> 20) & 0x7ff;
-    var two = BigInt(2);
-    var ten = BigInt(10);
-    var m = BigInt(hi & 0xfffff) * two ** BigInt(32) + BigInt(lo); // fraction bits
-    var e;
-    if (biased === 0) {
-      e = -1074; // subnormal (or zero)
-    } else {
-      m += two ** BigInt(52);
-      e = biased - 1075;
-    }
-    var scale = ten ** BigInt(digits);
-    var q;
-    if (e >= 0) {
-      q = m * two ** BigInt(e) * scale;
-    } else {
-      var den = two ** BigInt(-e);
-      var num = m * scale;
-      q = num / den;
-      var r2 = (num % den) * two;
-      if (r2 > den || (r2 === den && q % two === BigInt(1))) {
-        q += BigInt(1);
-      }
-    }
-    var s = q.toString();
-    while (s.length <= digits) {
-      s = "0" + s;
-    }
-    var whole = s.slice(0, s.length - digits);
-    var frac = s.slice(s.length - digits);
-    return (negative ? "-" : "") + groupThousands(whole) + (digits > 0 ? "." + frac : "");
+  /* The value of each shape symbol: a setting's field (B, T) or the config's (C, F, ...). */
+  function dims(cfg, s, K) {
+    var d = {};
+    Object.keys(K.walk.symbols).forEach(function (sym) {
+      var field = K.walk.symbols[sym];
+      d[sym] = Object.prototype.hasOwnProperty.call(s, field) ? s[field] : cfg[field];
+    });
+    return d;
   }
 
-  /* "1234567" -> "1,234,567" (Python's "," format). */
-  function groupThousands(digitsText) {
-    var out = "";
-    for (var i = 0; i < digitsText.length; i++) {
-      if (i > 0 && (digitsText.length - i) % 3 === 0) {
-        out += ",";
-      }
-      out += digitsText.charAt(i);
-    }
-    return out;
-  }
-
-  function intText(n) {
-    return groupThousands(String(n));
-  }
-
-  /* A float as Python's repr() writes it: shortest round trip, 'e' below 1e-4 and from 1e16. */
-  function floatRepr(x) {
-    if (x !== x) {
-      return "nan";
-    }
-    if (x === Infinity || x === -Infinity) {
-      return x > 0 ? "inf" : "-inf";
-    }
-    if (x === 0) {
-      return 1 / x < 0 ? "-0.0" : "0.0";
-    }
-    var sign = x < 0 ? "-" : "";
-    var parts = Math.abs(x).toExponential().split("e");
-    var digits = parts[0].replace(".", "");
-    var exp = parseInt(parts[1], 10);
-    if (exp < -4 || exp >= 16) {
-      var mant = digits.charAt(0) + (digits.length > 1 ? "." + digits.slice(1) : "");
-      var es = String(Math.abs(exp));
-      return sign + mant + "e" + (exp < 0 ? "-" : "+") + (es.length < 2 ? "0" + es : es);
-    }
-    if (exp < 0) {
-      return sign + "0." + new Array(-exp).join("0") + digits;
-    }
-    if (digits.length <= exp + 1) {
-      return sign + digits + new Array(exp + 2 - digits.length).join("0") + ".0";
-    }
-    return sign + digits.slice(0, exp + 1) + "." + digits.slice(exp + 1);
-  }
-
-  /* A parsed JSON value as Python's repr() writes it (integral numbers as ints). */
-  function pyRepr(v) {
-    if (v === null || v === undefined) {
-      return "None";
-    }
-    if (v === true || v === false) {
-      return v ? "True" : "False";
-    }
-    if (typeof v === "number") {
-      return Number.isInteger(v) && Math.abs(v) < Number.MAX_SAFE_INTEGER ? String(v) : floatRepr(v);
-    }
-    if (typeof v === "string") {
-      var quote = v.indexOf("'") >= 0 && v.indexOf('"') < 0 ? '"' : "'";
-      var out = "";
-      for (var i = 0; i < v.length; i++) {
-        var ch = v.charAt(i);
-        var code = v.charCodeAt(i);
-        if (ch === "\\" || ch === quote) {
-          out += "\\" + ch;
-        } else if (ch === "\n") {
-          out += "\\n";
-        } else if (ch === "\r") {
-          out += "\\r";
-        } else if (ch === "\t") {
-          out += "\\t";
-        } else if (code < 0x20 || code === 0x7f) {
-          out += "\\x" + (code < 0x10 ? "0" : "") + code.toString(16);
-        } else {
-          out += ch;
-        }
-      }
-      return quote + out + quote;
-    }
-    if (Array.isArray(v)) {
-      return "[" + v.map(pyRepr).join(", ") + "]";
-    }
-    return "{" + Object.keys(v).map(function (k) {
-      return pyRepr(k) + ": " + pyRepr(v[k]);
-    }).join(", ") + "}";
-  }
-
-  /* ---- parameters, gradients, optimizer states (memlab.memory.training) ------------- */
-
-  /* The parameter tensors: the embeddings (once), one block's (n_layer times), the head's
-     (once; a tied head is the embedding). Each block tensor is [part, elements, is a Linear
-     weight]; parts: norm1, qkv, o, norm2, mlp_in (gate and up, or GPT-2's up), down. */
-  function paramGroups(cfg) {
-    var C = cfg.d_model;
-    var F = cfg.ffn_dim;
-    var V = cfg.vocab_size;
-    var kv = cfg.kv_heads * cfg.head_dim;
-    var embed;
-    var block;
-    var head;
-    if (cfg.style === "gpt2") { // LayerNorms and Linears with biases, learned positions
-      embed = [V * C, cfg.max_seq_len * C];
-      block = [["norm1", C, false], ["norm1", C, false],
-               ["qkv", C * C, true], ["qkv", C, false], ["qkv", C * kv, true], ["qkv", kv, false],
-               ["qkv", C * kv, true], ["qkv", kv, false],
-               ["o", C * C, true], ["o", C, false],
-               ["norm2", C, false], ["norm2", C, false],
-               ["mlp_in", C * F, true], ["mlp_in", F, false],
-               ["down", F * C, true], ["down", C, false]];
-      head = [C, C];
-    } else { // RMSNorm weights, no biases, SwiGLU
-      embed = [V * C];
-      block = [["norm1", C, false],
-               ["qkv", C * C, true], ["qkv", C * kv, true], ["qkv", C * kv, true],
-               ["o", C * C, true],
-               ["norm2", C, false],
-               ["mlp_in", C * F, true], ["mlp_in", C * F, true],
-               ["down", F * C, true]];
-      head = [C];
-    }
-    if (!cfg.tied) {
-      head.push(V * C);
-    }
-    return { embed: embed, block: block, head: head };
-  }
-
-  function partElements(block, part, weightsOnly) {
-    return sum(block.filter(function (t) {
-      return (part === null || t[0] === part) && (!weightsOnly || t[2]);
-    }).map(function (t) {
-      return t[1];
+  /* A polynomial [[coefficient, [symbol, ...]], ...] at these sizes; 'x//k' is x // k. */
+  function poly(p, d) {
+    return sum(p.map(function (term) {
+      return term[1].reduce(function (acc, sym) {
+        var cut = sym.indexOf("//");
+        return acc * (cut < 0 ? d[sym] : Math.floor(d[sym.slice(0, cut)] / Number(sym.slice(cut + 2))));
+      }, term[0]);
     }));
   }
 
-  function linearCount(block, part) {
-    return block.filter(function (t) {
-      return t[0] === part && t[2];
-    }).length;
+  /* A row's dtype under this setting ({by: switches, dtype: {values: dtype}}), or null when
+     the setting saves no such tensor. */
+  function rowDtype(row, s) {
+    var key = row.by.map(function (sw) {
+      return String(s[sw]);
+    }).join("/");
+    return Object.prototype.hasOwnProperty.call(row.dtype, key) ? row.dtype[key] : null;
   }
 
-  /* [elements, how many such tensors] for every parameter tensor, tied ones once. */
-  function paramTensors(cfg) {
-    var g = paramGroups(cfg);
+  /* The rows of a table this setting saves, with their bytes. */
+  function rows(table, s, d, K) {
     var out = [];
-    g.embed.forEach(function (t) { out.push([t, 1]); });
-    g.block.forEach(function (t) { out.push([t[1], cfg.n_layer]); });
-    g.head.forEach(function (t) { out.push([t, 1]); });
+    table.forEach(function (row) {
+      var dtype = rowDtype(row, s);
+      if (dtype !== null) {
+        out.push({ name: row.name, scope: row.scope, stage: row.stage, role: row.role,
+                   dtype: dtype, bytes: (K.walk.dtype_bytes[dtype] || 0) * poly(row.numel, d) });
+      }
+    });
     return out;
   }
 
-  function numParameters(cfg) {
-    return sum(paramTensors(cfg).map(function (tk) { return tk[0] * tk[1]; }));
+  function styleTables(cfg, K) {
+    return K.walk.styles[cfg.style];
   }
+
+  /* What one block saves, recomputed whole when checkpointed (_llama_block, _gpt2_block). */
+  function blockTensors(cfg, s, d, K) {
+    return rows(styleTables(cfg, K).block, s, d, K);
+  }
+
+  /* Every saved tensor of a step (saved_tensors): the row 'block' stands for the block's list. */
+  function savedTensors(cfg, s, K) {
+    var d = dims(cfg, s, K);
+    var out = [];
+    rows(styleTables(cfg, K).saved, s, d, K).forEach(function (t) {
+      out = out.concat(t.dtype === "block" ? blockTensors(cfg, s, d, K) : [t]);
+    });
+    return out;
+  }
+
+  /* The parameter tensors' element counts (param_groups): embeddings, one block's, head's. */
+  function paramGroups(cfg, K) {
+    var g = styleTables(cfg, K).params[cfg.tied ? "tied" : "untied"];
+    var d = dims(cfg, {}, K);
+    var at = function (p) { return poly(p, d); };
+    return { embed: g.embed.map(at), block: g.block.map(at), head: g.head.map(at) };
+  }
+
+  /* [elements, how many such tensors] for every parameter tensor (estimator._param_tensors). */
+  function paramTensors(cfg, K) {
+    var g = paramGroups(cfg, K);
+    var once = function (t) { return [t, 1]; };
+    return g.embed.map(once).concat(g.block.map(function (t) { return [t, cfg.n_layer]; }),
+                                    g.head.map(once));
+  }
+
+  function numParameters(cfg, K) {
+    return sum(paramTensors(cfg, K).map(function (tk) { return tk[0] * tk[1]; }));
+  }
+
+  /* ---- optimizer states and scratch (memlab.memory.estimator) ----------------------- */
 
   function isAdam(optimizer) {
     return optimizer === "adamw" || optimizer === "adam";
   }
 
+  /* state_bytes: Adam's two moments (and fp32 step counters, on the host on CUDA unless
+     fused), SGD's momentum, or bitsandbytes' 8-bit states with one fp32 absmax per block
+     (small tensors keep two fp32 states; two fp32 quantization maps shared by all). */
   function optimizerStateBytes(cfg, K, precision, optimizer, impl, device) {
     var pb = K.param_bytes[precision];
     var fp32 = K.bytes.fp32;
-    var tensors = paramTensors(cfg);
+    var tensors = paramTensors(cfg, K);
     var n = sum(tensors.map(function (tk) { return tk[0] * tk[1]; }));
     if (isAdam(optimizer)) {
-      // Two moments in the parameters' dtype, and one fp32 step counter per tensor, which
-      // lives on the host on CUDA unless the fused kernel is used.
       var nTensors = sum(tensors.map(function (tk) { return tk[1]; }));
-      var counters = device === "cpu" || impl === "fused" ? fp32 * nTensors : 0;
-      return 2 * pb * n + counters;
+      return 2 * pb * n + (device === "cpu" || impl === "fused" ? fp32 * nTensors : 0);
     }
     if (optimizer === "sgd-momentum") {
       return pb * n;
@@ -266,8 +162,6 @@
     if (optimizer === "sgd") {
       return 0;
     }
-    // adamw-8bit: two uint8 states and one fp32 absmax per block for each large tensor; a
-    // small tensor keeps two fp32 states; two fp32 quantization maps shared by all.
     var total = 0;
     var anyLarge = false;
     tensors.forEach(function (tk) {
@@ -279,110 +173,27 @@
         total += tk[1] * (2 * K.bytes.uint8 * t + 2 * fp32 * Math.ceil(t / K.bnb.block));
       }
     });
-    if (anyLarge) {
-      total += 2 * K.bnb.map_entries * fp32;
-    }
-    return total;
+    return total + (anyLarge ? 2 * K.bnb.map_entries * fp32 : 0);
   }
 
-  /* foreach Adam(W) holds one parameter-sized scratch list while it steps; the for-loop
-     version two of the largest tensor; fused kernels and SGD update in place. */
+  /* step_scratch_bytes: foreach Adam(W) holds one parameter-sized scratch list; the for-loop
+     version two of the largest tensor; fused kernels, SGD and 8-bit AdamW update in place. */
   function optimizerStepScratchBytes(cfg, K, precision, optimizer, impl) {
     if (!isAdam(optimizer) || impl === "fused") {
       return 0;
     }
     var pb = K.param_bytes[precision];
-    var tensors = paramTensors(cfg);
+    var tensors = paramTensors(cfg, K);
     if (impl === "foreach") {
       return pb * sum(tensors.map(function (tk) { return tk[0] * tk[1]; }));
     }
     return 2 * pb * Math.max.apply(null, tensors.map(function (tk) { return tk[0]; }));
   }
 
-  /* ---- saved tensors (memlab.memory.training.saved_tensors) ------------------------- */
+  /* ---- the activation side of the peak (memlab.memory.activations) ------------------ */
 
-  /* One saved tensor: scope 'layer' (per block), 'model' (once) or 'head'; stage: casts,
-     attention norm, attention, MLP norm, MLP; flags for the backward walk. */
-  function saved(scope, stage, bytes, flags) {
-    return { scope: scope, stage: stage, bytes: bytes, linearInput: !!(flags && flags.linearInput),
-             softmax: !!(flags && flags.softmax), flashLse: !!(flags && flags.flashLse),
-             productFactor: !!(flags && flags.productFactor) };
-  }
-
-  function isMixed(precision) {
-    return /-mixed$/.test(precision);
-  }
-
-  /* RMSNorm, computed in fp32: input (fp32), 1/rms, normalized x, output (or its 16-bit
-     copies, one per Linear that reads it, under autocast). */
-  function rmsnorm(stage, scope, BT, C, precision, consumers, K) {
-    var fp32 = K.bytes.fp32;
-    var half = K.bytes.half;
-    var out = [saved(scope, stage, BT * C * fp32), saved(scope, stage, BT * fp32)];
-    if (precision === "bf16") {
-      out.push(saved(scope, stage, BT * C * half), saved(scope, stage, BT * C * half));
-    } else if (precision === "fp32") {
-      out.push(saved(scope, stage, BT * C * fp32), saved(scope, stage, BT * C * fp32));
-    } else {
-      out.push(saved(scope, stage, BT * C * fp32), saved(scope, stage, consumers * BT * C * half));
-    }
-    return out;
-  }
-
-  /* nn.LayerNorm: input, mean and 1/std, output (or its 16-bit copies under autocast). */
-  function layernorm(stage, scope, BT, C, precision, consumers, device, K) {
-    var sb = K.param_bytes[precision];
-    var fp32 = K.bytes.fp32;
-    var stat = sb === fp32 || device === "cuda" ? fp32 : K.bytes.half; // CPU: bf16 statistics
-    var out = [saved(scope, stage, BT * C * sb), saved(scope, stage, 2 * BT * stat)];
-    if (isMixed(precision)) {
-      out.push(saved(scope, stage, consumers * BT * C * K.bytes.half));
-    } else {
-      out.push(saved(scope, stage, BT * C * sb));
-    }
-    return out;
-  }
-
-  /* q, k, v after RoPE and GQA repetition, and what the attention kernel keeps. */
-  function attentionCore(cfg, B, T, precision, device, K) {
-    var nh = cfg.n_head;
-    var hs = cfg.head_dim;
-    var C = cfg.d_model;
-    var BT = B * T;
-    var cb = K.compute_bytes[precision];
-    var fp32 = K.bytes.fp32;
-    var stage = "attention";
-    var out = [];
-    if (cfg.style === "llama" && cb !== fp32) { // cos and sin cast to 16 bits, for q and for k
-      out.push(saved("layer", stage, 2 * 2 * T * Math.floor(hs / 2) * K.bytes.half));
-    }
-    if (cfg.attention === "flash") { // the book's FlashAttention: k and v per KV head, not repeated
-      var kvBytes = B * cfg.kv_heads * T * hs * cb;
-      out.push(saved("layer", stage, BT * C * cb), saved("layer", stage, kvBytes),
-               saved("layer", stage, kvBytes), saved("layer", stage, BT * C * cb),
-               saved("layer", stage, B * nh * T * fp32, { flashLse: true }),
-               saved("layer", stage, BT * C * cb, { linearInput: true }));
-      return out;
-    }
-    out.push(saved("layer", stage, BT * C * cb), saved("layer", stage, BT * C * cb),
-             saved("layer", stage, BT * C * cb));
-    if (cfg.attention === "sdpa") { // output and logsumexp
-      out.push(saved("layer", stage, BT * C * cb), saved("layer", stage, B * nh * T * fp32));
-    } else { // softmax probabilities (fp32 under CUDA autocast, and P @ V's 16-bit copy)
-      var pb = isMixed(precision) && device === "cuda" ? fp32 : cb;
-      out.push(saved("layer", stage, B * nh * T * T * pb, { softmax: true }));
-      if (pb !== cb) { out.push(saved("layer", stage, B * nh * T * T * cb)); }
-      out.push(saved("layer", stage, T * T * K.bytes.bool));  // the causal mask
-    }
-    // Merging the heads copies unless the kernel wrote (B, T, nh, hs) already.
-    if (cfg.attention === "eager" || (device === "cpu" && cfg.style === "llama")) {
-      out.push(saved("layer", stage, BT * C * cb, { linearInput: true }));
-    }
-    return out;
-  }
-
-  /* Bytes the book's FlashAttention backward allocates beyond what it saved, one layer
-     (memlab.memory.training.flash_backward_workspace). */
+  /* flash_backward_workspace: dQ, dK, dV in fp32 beside the row sums D and a few tiles per
+     query head; 16-bit inputs add dO and the blocks in fp32, and the gradients cast back. */
   function flashBackwardWorkspace(cfg, B, T, precision, K) {
     var nh = cfg.n_head;
     var hs = cfg.head_dim;
@@ -392,7 +203,7 @@
     var kvEl = B * cfg.kv_heads * T * hs;
     var b = Math.min(K.flash_block, T);
     var tile = fp32 * B * nh * b * b;
-    var base = fp32 * (qEl + 2 * kvEl) + fp32 * B * nh * T; // dQ, dK, dV and the row sums D
+    var base = fp32 * (qEl + 2 * kvEl) + fp32 * B * nh * T;
     if (cb === fp32) {
       return base + K.flash_tiles.loop * tile;
     }
@@ -403,162 +214,70 @@
     return Math.max(loop, end);
   }
 
-  function linearWeightElements(cfg) {
-    return partElements(paramGroups(cfg).block, null, true);
+  function bytesOf(tensors, scope) {
+    return sum(tensors.filter(function (t) { return scope === null || t.scope === scope; })
+               .map(function (t) { return t.bytes; }));
   }
 
-  /* Under autocast every Linear weight of the block is cached in 16 bits. */
-  function weightCasts(cfg, precision, K) {
-    if (!isMixed(precision)) {
-      return [];
-    }
-    return [saved("layer", "casts", K.bytes.half * linearWeightElements(cfg))];
-  }
-
-  /* What one block saves, in forward order (memlab.model.transformer.Block). */
-  function blockTensors(cfg, B, T, precision, device, K) {
-    var C = cfg.d_model;
-    var F = cfg.ffn_dim;
-    var BT = B * T;
-    var cb = K.compute_bytes[precision];
-    var block = paramGroups(cfg).block;
-    var out = weightCasts(cfg, precision, K);
-    if (cfg.style === "llama") {
-      out = out.concat(rmsnorm("attention norm", "layer", BT, C, precision, linearCount(block, "qkv"), K));
-      out = out.concat(attentionCore(cfg, B, T, precision, device, K));
-      out = out.concat(rmsnorm("MLP norm", "layer", BT, C, precision, linearCount(block, "mlp_in"), K));
-      // gate, silu(gate), up (a factor of the product: its backward returns both gradients), silu(gate) * up
-      out.push(saved("layer", "MLP", BT * F * cb), saved("layer", "MLP", BT * F * cb),
-               saved("layer", "MLP", BT * F * cb, { productFactor: true }),
-               saved("layer", "MLP", BT * F * cb, { linearInput: true }));
-    } else {
-      out = out.concat(layernorm("attention norm", "layer", BT, C, precision,
-                                 linearCount(block, "qkv"), device, K));
-      out = out.concat(attentionCore(cfg, B, T, precision, device, K));
-      out = out.concat(layernorm("MLP norm", "layer", BT, C, precision,
-                                 linearCount(block, "mlp_in"), device, K));
-      // up projection (GELU input), GELU output
-      out.push(saved("layer", "MLP", BT * F * cb),
-               saved("layer", "MLP", BT * F * cb, { linearInput: true }));
-    }
-    return out;
-  }
-
-  function savedTensors(cfg, B, T, precision, checkpointing, device, K) {
-    var C = cfg.d_model;
-    var V = cfg.vocab_size;
-    var BT = B * T;
-    var cb = K.compute_bytes[precision];
-    var sb = K.param_bytes[precision];
-    var fp32 = K.bytes.fp32;
-    var out = [];
-    // RoPE tables, fp32, once per forward: saved once in fp32 attention or with checkpointing.
-    if (cfg.style === "llama" && (checkpointing || cb === fp32)) {
-      out.push(saved("model", null, 2 * T * Math.floor(cfg.head_dim / 2) * fp32));
-    }
-    if (cfg.style === "gpt2") { // positions 0..T-1
-      out.push(saved("model", null, T * K.bytes.int64));
-    }
-    if (checkpointing) { // each block's input
-      out.push(saved("layer", "block input", BT * C * sb));
-    } else {
-      out = out.concat(blockTensors(cfg, B, T, precision, device, K));
-    }
-    // The final norm (read by lm_head alone), the head, the loss.
-    if (cfg.style === "llama") {
-      out = out.concat(rmsnorm("final norm", "head", BT, C, precision, 1, K));
-    } else {
-      out = out.concat(layernorm("final norm", "head", BT, C, precision, 1, device, K));
-    }
-    if (isMixed(precision)) { // lm_head weight cast to 16 bits
-      out.push(saved("head", null, V * C * K.bytes.half));
-    }
-    out.push(saved("head", null, BT * V * fp32), saved("head", null, fp32)); // log-softmax, loss
-    return out;
-  }
-
-  function activationBytes(tensors, nLayer) {
-    return sum(tensors.map(function (t) { return t.bytes * (t.scope === "layer" ? nLayer : 1); }));
-  }
-
-  /* At each stage of a block's backward: gradient bytes already computed in the block, and
-     bytes of the 16-bit weight casts still alive under autocast. */
-  function gradsDoneInBlock(cfg, precision, K) {
-    var block = paramGroups(cfg).block;
-    var pb = K.param_bytes[precision];
-    var cast = isMixed(precision) ? K.bytes.half : 0;
-    var total = partElements(block, null, false);
-    var norm1 = partElements(block, "norm1", false);
-    var o = partElements(block, "o", false);
-    var norm2 = partElements(block, "norm2", false);
-    var down = partElements(block, "down", false);
-    var mlp = partElements(block, "mlp_in", false) + down;
-    var qkvW = partElements(block, "qkv", true);
-    var oW = partElements(block, "o", true);
-    var mlpInW = partElements(block, "mlp_in", true);
-    return {
-      "attention norm": [pb * (total - norm1), cast * qkvW],
-      "attention": [pb * (o + norm2 + mlp), cast * qkvW],
-      "MLP norm": [pb * mlp, cast * (qkvW + oW)],
-      "MLP": [pb * down, cast * (qkvW + oW + mlpInW)],
-    };
-  }
-
-  /* Activation-side bytes at the forward and the backward pass's highest points. */
-  function activationPeaks(cfg, tensors, B, T, precision, checkpointing, device, accumulating, K) {
-    var V = cfg.vocab_size;
-    var C = cfg.d_model;
+  /* activation_peaks for the page's two plans, none and full checkpointing: [forward,
+     backward] activation-side bytes at their highest points, and the saved bytes A. */
+  function activationPeaks(cfg, s, tensors, K) {
+    var B = s.batch_size;
+    var T = s.seq_len;
     var BT = B * T;
     var L = cfg.n_layer;
+    var ckpt = s.checkpointing;
+    var precision = s.precision;
     var cb = K.compute_bytes[precision];
-    var sb = K.param_bytes[precision];
     var pb = K.param_bytes[precision];
     var fp32 = K.bytes.fp32;
-    var modelLevel = sum(tensors.filter(function (t) { return t.scope === "model"; })
-                         .map(function (t) { return t.bytes; }));
-    var stored = sum(tensors.filter(function (t) { return t.scope === "layer"; })
-                     .map(function (t) { return t.bytes; }));
-    var A = activationBytes(tensors, L);
-    var block = blockTensors(cfg, B, T, precision, device, K); // the full, recomputed block
-    var blockBytes = sum(block.map(function (t) { return t.bytes; }));
+    var d = dims(cfg, s, K);
+    var modelLevel = bytesOf(tensors, "model");
+    var A = modelLevel + bytesOf(tensors, "head") + L * bytesOf(tensors, "layer");
+    var block = blockTensors(cfg, s, d, K); // the full, recomputed block
+    var blockBytes = bytesOf(block, null);
+    var xIn = BT * cfg.d_model * pb; // a checkpointed block's input: the residual stream
+    // Saved under a block when its backward runs (its own input included), and in the forward.
+    var below = function (layer) { return ckpt ? (layer + 1) * xIn : layer * blockBytes; };
 
-    // Forward: everything saved, plus the logits (and their fp32 copy) during the loss.
-    var fwd = A + BT * V * cb + (cb !== fp32 ? BT * V * fp32 : 0);
-    if (checkpointing && isMixed(precision)) { // every block's weight casts, until autocast exits
-      fwd += L * K.bytes.half * linearWeightElements(cfg);
+    // Forward: everything saved, plus the logits (and their fp32 copy) during the loss; under
+    // autocast, each checkpointed block's weight casts until autocast exits.
+    var fwd = A + BT * cfg.vocab_size * cb + (cb !== fp32 ? BT * cfg.vocab_size * fp32 : 0);
+    if (ckpt) {
+      fwd += L * bytesOf(block.filter(function (t) { return t.stage === "casts"; }), null);
     }
-    var softmaxAt = null; // [bytes saved in the block up to its softmax, bytes of the scores]
-    if (cfg.attention === "eager") {
-      var before = 0;
-      for (var i = 0; i < block.length; i++) {
-        before += block[i].bytes;
-        if (block[i].softmax) { // CUDA autocast: the softmax reads an fp32 copy of the scores
-          var scores = B * cfg.n_head * T * T * cb;
-          softmaxAt = [before, block[i].bytes !== scores ? scores + B * cfg.n_head * T * T * fp32
-                                                         : scores];
-          break;
-        }
+    var softmaxAt = null; // [bytes of the block saved up to its softmax, bytes of the scores]
+    var before = 0;
+    block.forEach(function (t) {
+      before += t.bytes;
+      if (softmaxAt === null && t.role === "softmax") { // CUDA autocast: an fp32 copy too
+        var scores = B * cfg.n_head * T * T * cb;
+        softmaxAt = [before, t.bytes !== scores ? scores + B * cfg.n_head * T * T * fp32 : scores];
       }
-    }
+    });
     if (softmaxAt !== null) { // the last block's softmax, its masked scores alive beside it
-      var belowF = checkpointing ? L * stored : (L - 1) * blockBytes;
-      fwd = Math.max(fwd, modelLevel + belowF + softmaxAt[0] + softmaxAt[1]);
+      fwd = Math.max(fwd, modelLevel + below(L - 1) + softmaxAt[0] + softmaxAt[1]);
     }
 
     // Backward: at its start the fp32 gradients of log-softmax's output and input; then each
     // saved tensor's backward, walked through the last and the first block.
-    var bwd = A + 2 * BT * V * fp32;
-    var g = paramGroups(cfg);
-    var gBlock = pb * partElements(g.block, null, false);
+    var bwd = A + 2 * BT * cfg.vocab_size * fp32;
+    var g = paramGroups(cfg, K);
+    var gBlock = pb * sum(g.block);
     var gHead = pb * sum(g.head);
-    var inBlock = gradsDoneInBlock(cfg, precision, K);
-    var freshGrad = pb * Math.max.apply(null, g.block.map(function (t) { return t[1]; }));
-    var dx = BT * C * sb; // gradient of the residual stream
-    [L - 1, 0].forEach(function (layer) {
+    var freshGrad = pb * Math.max.apply(null, g.block);
+    var inBlock = {};
+    var grads = styleTables(cfg, K).grads_in_block[precision];
+    Object.keys(grads).forEach(function (stage) {
+      inBlock[stage] = [poly(grads[stage][0], d), poly(grads[stage][1], d)];
+    });
+    var dx = BT * cfg.d_model * pb; // gradient of the residual stream
+    var accumulating = s.grad_accum_steps > 1;
+    [0, L - 1].forEach(function (layer) {
       var done = accumulating ? freshGrad : gHead + (L - 1 - layer) * gBlock;
-      var below = checkpointing ? (layer + 1) * stored : layer * blockBytes;
-      if (checkpointing && softmaxAt !== null) { // the recomputed forward's softmax
-        bwd = Math.max(bwd, modelLevel + below + softmaxAt[0] + softmaxAt[1] + done + dx);
+      var under = below(layer);
+      if (ckpt && softmaxAt !== null) { // the recomputed forward's softmax
+        bwd = Math.max(bwd, modelLevel + under + softmaxAt[0] + softmaxAt[1] + done + dx);
       }
       var prefix = 0;
       block.forEach(function (t) {
@@ -567,24 +286,23 @@
         }
         prefix += t.bytes;
         var gradsDone = accumulating ? 0 : inBlock[t.stage][0];
-        var castsAlive = inBlock[t.stage][1];
-        var dOut = t.stage === "attention" ? BT * C * cb : 0;
-        var consumerGrad = t.linearInput ? BT * C * cb : t.bytes;
-        if (t.productFactor) { // the product's backward returns both factors' gradients at once
+        // Inside attention, the gradient of its output is alive beside the residual's.
+        var dOut = t.stage === "attention" ? BT * cfg.d_model * cb : 0;
+        // The gradient of what consumed it: its own size, (B, T, C) for an output Linear.
+        var consumerGrad = t.role === "linear input" ? BT * cfg.d_model * cb : t.bytes;
+        if (cfg.attention === "flash" && t.role === "logsumexp") {
+          consumerGrad = flashBackwardWorkspace(cfg, B, T, precision, K) - t.bytes;
+        } else if (t.role === "product factor") { // both factors' gradients at once
           consumerGrad = 2 * t.bytes;
         }
-        if (t.flashLse) { // FlashAttention's backward: its fp32 accumulators and tiles
-          consumerGrad = flashBackwardWorkspace(cfg, B, T, precision, K) - t.bytes;
-        }
-        var alive = modelLevel + below + prefix + castsAlive + done + gradsDone + dx + dOut +
-          t.bytes + consumerGrad;
-        bwd = Math.max(bwd, alive);
+        bwd = Math.max(bwd, modelLevel + under + prefix + inBlock[t.stage][1] + done + gradsDone +
+                       dx + dOut + t.bytes + consumerGrad);
       });
     });
     return [fwd, bwd, A];
   }
 
-  /* ---- the estimate (memlab.memory.training.estimate, mode 'train') ----------------- */
+  /* ---- the estimate (memlab.memory.estimator.estimate and step_estimate) ------------ */
 
   function positiveInt(what, value) {
     if (typeof value !== "number" || !Number.isInteger(value) || value <= 0) {
@@ -600,7 +318,7 @@
     return value;
   }
 
-  /* The switches checked as memlab.measure.step.StepSpec checks them. */
+  /* The switches checked as memlab.model.step.StepSpec checks them. */
   function checkSetting(cfg, s, K) {
     choice("device", s.device, K.devices);
     choice("attention", s.attention, K.attentions);
@@ -620,40 +338,32 @@
     positiveInt("grad_accum_steps", s.grad_accum_steps);
   }
 
-  function estimate(cfg0, s, K) {
-    checkSetting(cfg0, s, K);
-    var cfg = Object.assign({}, cfg0, { attention: s.attention });
-    var B = s.batch_size;
-    var T = s.seq_len;
-    var BT = B * T;
+  function estimate(cfg0, setting, K) {
+    checkSetting(cfg0, setting, K);
+    var cfg = Object.assign({}, cfg0, { attention: setting.attention });
+    var s = Object.assign({}, setting, { checkpointing: !!setting.checkpointing });
     var precision = s.precision;
     var pb = K.param_bytes[precision];
     var accumulating = s.grad_accum_steps > 1;
-    var n = numParameters(cfg);
+    var n = numParameters(cfg, K);
     var P = pb * n;
     var G = P;
     var S = optimizerStateBytes(cfg, K, precision, s.optimizer, s.optimizer_impl, s.device);
-    var tensors = savedTensors(cfg, B, T, precision, s.checkpointing, s.device, K);
-    var peaks = activationPeaks(cfg, tensors, B, T, precision, s.checkpointing, s.device,
-                                accumulating, K);
-    var fwd = peaks[0];
-    var bwd = peaks[1];
+    var peaks = activationPeaks(cfg, s, savedTensors(cfg, s, K), K);
     var A = peaks[2];
-    var tokens = 2 * BT * K.bytes.int64; // input ids and targets
-    // With accumulation, earlier micro-batches' gradients stay alive through the next passes.
-    var gLive = accumulating ? G : 0;
-    var base = P + S + gLive + tokens;
+    var tokens = 2 * s.batch_size * s.seq_len * K.bytes.int64; // input ids and targets
     // A tied embedding gets two gradients, summed at the very end of the backward pass; with
     // accumulation the new embedding gradient is a temporary added into .grad.
     var VC = cfg.vocab_size * cfg.d_model * pb;
-    var end = accumulating ? P + S + G + (cfg.tied ? 3 * VC : VC) + tokens
-      : P + S + G + (cfg.tied ? 2 * VC : 0) + tokens;
-    var step = s.optimizer === "adamw-8bit" ? 0
-      : optimizerStepScratchBytes(cfg, K, precision, s.optimizer, s.optimizer_impl);
+    var end = P + S + G + tokens + (accumulating ? (cfg.tied ? 3 : 1) : (cfg.tied ? 2 : 0)) * VC;
+    // step_estimate: with accumulation, earlier micro-batches' gradients stay alive.
+    var gLive = accumulating ? G : 0;
+    var base = P + S + gLive + tokens;
     var phases = {
-      forward: base + fwd,
-      backward: Math.max(base + bwd, end),
-      optimizer: P + S + G + step + tokens,
+      forward: base + peaks[0],
+      backward: Math.max(base + peaks[1], end),
+      optimizer: P + S + G + tokens +
+        optimizerStepScratchBytes(cfg, K, precision, s.optimizer, s.optimizer_impl),
     };
     var peakPhase = K.phases[0];
     K.phases.forEach(function (p) {
@@ -662,26 +372,29 @@
       }
     });
     function cats(grads, acts, total) {
-      var d = { parameters: P, gradients: grads, optimizer_states: S, activations: acts, other: tokens };
-      d.temporaries = total - (P + grads + S + acts + tokens);
-      return d;
+      var c = { parameters: P, gradients: grads, optimizer_states: S, activations: acts, other: tokens };
+      c.temporaries = total - (P + grads + S + acts + tokens);
+      return c;
     }
-    var startWins = base + bwd >= end; // the backward's high point is before the gradients grow
-    return {
+    var startWins = base + peaks[1] >= end; // the backward's high point is before the gradients grow
+    var breakdown = {
+      forward: cats(gLive, A, phases.forward),
+      backward: startWins ? cats(gLive, A, phases.backward) : cats(G, 0, phases.backward),
+      optimizer: cats(G, 0, phases.optimizer),
+    };
+    return { // step_bytes: the fields of memlab.model.step.STEP_BYTES
       parameters: n,
-      weights_bytes: P,
+      parameters_bytes: P,
       gradients_bytes: G,
-      optimizer_bytes: S,
-      activations_bytes: A,
-      other_bytes: tokens,
+      optimizer_states_bytes: S,
+      saved_activations_bytes: A,
+      activations_at_peak_bytes: breakdown[peakPhase].activations,
+      temporaries_bytes: breakdown[peakPhase].temporaries,
+      other_bytes: breakdown[peakPhase].other,
       peak_bytes: phases[peakPhase],
       peak_phase: peakPhase,
       phase_peak_bytes: phases,
-      breakdown: {
-        forward: cats(gLive, A, phases.forward),
-        backward: startWins ? cats(gLive, A, phases.backward) : cats(G, 0, phases.backward),
-        optimizer: cats(G, 0, phases.optimizer),
-      },
+      breakdown: breakdown,
     };
   }
 
@@ -789,7 +502,7 @@
   }
 
   function modelLabel(cfg, K) {
-    return cfg.name + " (" + pyFixed(numParameters(cfg) / K.billion, K.decimals) + "B)";
+    return cfg.name + " (" + pyFixed(numParameters(cfg, K) / K.billion, K.decimals) + "B)";
   }
 
   /* The page's texts and bytes for one setting: the same dict as
@@ -988,7 +701,7 @@
       pastedOption.disabled = false;
       pastedOption.textContent = "pasted: " + modelLabel(pasted, K);
       controls.model.value = K.pasted_key;
-      pasteStatus.textContent = "using " + pasted.name + ": " + intText(numParameters(pasted)) +
+      pasteStatus.textContent = "using " + pasted.name + ": " + intText(numParameters(pasted, K)) +
         " parameters";
       pasteStatus.setAttribute("data-state", "ok");
       recompute();
@@ -1022,8 +735,6 @@
 
   return {
     version: VERSION,
-    pyFixed: pyFixed,
-    pyRepr: pyRepr,
     numParameters: numParameters,
     savedTensors: savedTensors,
     estimate: estimate,
