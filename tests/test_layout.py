@@ -114,9 +114,6 @@ def test_old_spellings_are_refused_in_one_line(old, new):
 
 
 MAX_SOURCE_LINES = 800
-# Files over the limit that are being split by topic at the time of writing; take each out of
-# this list when its split lands, so the limit holds for it too.
-BEING_SPLIT = {"interactive/static/estimator.js"}
 
 
 def test_no_source_file_over_800_lines():
@@ -124,20 +121,13 @@ def test_no_source_file_over_800_lines():
     for path in sorted(p for ext in ("py", "js") for p in SRC.rglob(f"*.{ext}")):
         name = path.relative_to(SRC).as_posix()
         lines = len(path.read_text(encoding="utf-8").splitlines())
-        if lines > MAX_SOURCE_LINES and name not in BEING_SPLIT:
+        if lines > MAX_SOURCE_LINES:
             too_long.append(f"{name} ({lines} lines)")
     assert not too_long, f"over {MAX_SOURCE_LINES} lines: {', '.join(too_long)}"
 
 
 # Docstring first lines (the summary) may be at most this long, chapter tag included.
 MAX_SUMMARY_CHARS = 100
-# Allowed to keep longer first lines for now:
-LONG_SUMMARY_ALLOWED = (
-    "interactive/",  # being edited elsewhere; its summaries are shortened when that work lands
-    "memory/activations.py",  # idem
-    "memory/estimator.py",  # idem
-    "nbexec.py:<module>",  # argparse's description is the first line: `--help` shows it as it is
-)
 
 
 def test_docstring_first_lines_fit():
@@ -151,7 +141,7 @@ def test_docstring_first_lines_fit():
             doc = ast.get_docstring(node, clean=False)
             first = doc.strip().splitlines()[0] if doc and doc.strip() else ""
             where = f"{name}:{getattr(node, 'name', '<module>')}"
-            if len(first) > MAX_SUMMARY_CHARS and not where.startswith(LONG_SUMMARY_ALLOWED):
+            if len(first) > MAX_SUMMARY_CHARS:
                 too_long.append(f"{where} ({len(first)} chars)")
     assert not too_long, (f"docstring first lines over {MAX_SUMMARY_CHARS} characters: "
                           f"{', '.join(too_long)}")

@@ -1,4 +1,6 @@
-"""Execute notebooks without Jupyter: the code cells in order, in one Python process per notebook (chapter: all).
+"""Execute notebooks without Jupyter, one Python process per notebook (chapter: all).
+
+The code cells run in order.
 
 The book's notebooks are executed by Jupyter when the book is built, on a CPU. A GPU machine
 lent for a few minutes has Python and torch but no Jupyter, and its GPU branches are the code

@@ -54,7 +54,10 @@ def _value_text(value) -> str:
 
 
 def _decode_bits(bit_string: str, fmt: str) -> float:
-    """The value a bit string holds in one of the viewer's formats (:func:`memlab.precision.formats.decode`)."""
+    """The value a bit string holds in one of the viewer's formats.
+
+    What :func:`memlab.precision.formats.decode` gives it.
+    """
     return decode(bit_string, _check_format(fmt))
 
 
@@ -169,7 +172,10 @@ def _overflow_rule(stored: float) -> str:
 
 
 def format_config(fmt: str) -> dict:
-    """The JSON-ready parameters the viewer's script needs for one format, from spec() and torch (chapter: 2)."""
+    """The JSON-ready parameters the viewer's script needs for one format (chapter: 2).
+
+    They come from the format's spec() and from torch.
+    """
     return dict(_format_config(_check_format(fmt)))
 
 
@@ -335,7 +341,9 @@ class BitViewer:
 
 
 def bit_viewer(value=math.pi, formats=DEFAULT_FORMATS, *, side_by_side: bool = True) -> BitViewer:
-    """A browser-side viewer of ``value``'s bits in each format, with clickable bits; no kernel needed (chapter: 2).
+    """A browser-side viewer of ``value``'s bits in each format, with clickable bits (chapter: 2).
+
+    It needs no kernel.
 
     ``value``: a real number or a string Python's float() reads; ``formats``: names from
     VIEWER_FORMATS (one name or a sequence); ``side_by_side=False`` starts with one format shown.
@@ -382,7 +390,9 @@ def _widget_html(x: float, fmt: str, bit_string: str, edited: bool) -> str:
 
 
 def bit_widget(value=math.pi, fmt: str = "fp16"):
-    """An ipywidgets bit viewer computed by Python: value box, format menu, one checkbox per bit (chapter: 2).
+    """An ipywidgets bit viewer computed by Python (chapter: 2).
+
+    A value box, a format menu and one checkbox per bit.
 
     Returns a ``VBox`` with ``controls`` ({'value': Text, 'format': Dropdown}), ``checkboxes``
     (most significant bit first) and ``output`` (the HTML read-out).
@@ -518,7 +528,9 @@ def _encode_vector(x: float, fmt: str) -> dict | None:
 
 
 def test_vectors(n_random: int = 300, seed: int = 0, *, n_patterns: int = 2000) -> list[dict]:
-    """Inputs and patterns with the bits and values memlab.precision.formats gives them, to check a codec against (chapter: 2).
+    """Inputs and patterns with their bits and values, to check a codec against (chapter: 2).
+
+    The bits and values are those memlab.precision.formats gives them.
 
     Each item is a dict: ``op`` ('encode': ``input`` is a float, ``bit_string``, ``value`` and
     ``note`` are what the viewer must show; 'decode': ``bit_string`` in, ``value`` out).

@@ -67,7 +67,10 @@ def estimate_summary(model: str | ModelConfig = "llama2-7b", batch_size: int = 1
                      seq_len: int = 2048, precision: str = "bf16-mixed",
                      optimizer: str = "adamw", optimizer_impl: str = "foreach",
                      checkpointing: bool = False, gpus=CATALOGUE, unit: str = "GiB"):
-    """Figure (one stacked bar per phase) and text (peak in ``unit``, fits per GPU) of an estimate (chapter: 1).
+    """An estimate as a figure and a text (chapter: 1).
+
+    The figure has one stacked bar per phase; the text gives the peak in ``unit`` and whether
+    it fits each GPU.
 
     A ``seq_len`` above the model's ``max_seq_len`` is capped, and the text says so.
     The figure is open: close it (``plt.close(fig)``) when done.
@@ -122,7 +125,9 @@ def estimate_readout(model: str | ModelConfig = "llama2-7b", *, batch_size=1, se
                      optimizer_impl: str = "foreach", attention: str | None = None,
                      checkpointing: bool = False, grad_accum_steps=1, device: str = "cuda",
                      gpus=CATALOGUE) -> dict:
-    """What the estimator page shows for one setting: texts and bytes from memlab.memory.estimate (chapter: 1).
+    """What the estimator page shows for one setting, texts and bytes (chapter: 1).
+
+    The bytes are those of :func:`memlab.memory.estimate`.
 
     A ``seq_len`` above the model's ``max_seq_len`` is capped, with a note; a bad switch gives
     ``{"error": "memlab: error: ..."}``, as the page shows it. ``attention=None``: the model's own.
@@ -193,7 +198,9 @@ def _menu_models(model: str | ModelConfig) -> tuple[list[tuple[str, ModelConfig]
 
 
 def estimator_data(model: str | ModelConfig = "llama2-7b", gpus=CATALOGUE) -> dict:
-    """Everything the estimator's script multiplies by, as JSON-ready data read from the library (chapter: 1).
+    """Everything the estimator's script multiplies by, as JSON-ready data (chapter: 1).
+
+    Every number is read from the library.
 
     Bytes of each dtype (torch), of parameters and matmul outputs per precision and
     bitsandbytes' blocks (memlab.memory.estimator), the walk's tables (``walk``: the committed
@@ -420,7 +427,10 @@ _PLACEHOLDER = ('{"model_type": "llama", "hidden_size": 2048, "intermediate_size
 
 
 class EstimatorView:
-    """The kernel-free memory estimator for one starting setting; displays as self-contained HTML (chapter: 1)."""
+    """The kernel-free memory estimator for one starting setting (chapter: 1).
+
+    It displays as self-contained HTML.
+    """
 
     def __init__(self, model: str | ModelConfig, setting: dict, gpus) -> None:
         self.model = model
@@ -507,7 +517,9 @@ def _random_hf_config(rng: random.Random) -> dict:
 
 
 def test_settings(n: int = 420, seed: int = 0, hf_configs=()) -> list[tuple]:
-    """Seeded settings for holding the script to Python: (preset, None, setting) or (None, config.json dict, setting) (chapter: 1).
+    """Seeded settings for holding the script to Python (chapter: 1).
+
+    Each is (preset, None, setting) or (None, config.json dict, setting).
 
     Every switch at random (some combinations are refused, as memlab.memory.estimate refuses
     them); one setting in three pastes a config.json, drawn from ``hf_configs`` or of a random

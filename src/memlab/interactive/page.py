@@ -36,7 +36,7 @@ SHARED_SCRIPTS = ("format.js",)  # what every piece's script uses: numbers as Py
 
 
 def mount_scripts(vid: str, data, *, script: str, module: str, role: str = "data") -> str:
-    """The data script, the shared scripts and the algorithm script of a piece whose root element has id ``vid`` (chapters: 1, 2).
+    """The data, shared and algorithm scripts of the piece with root id ``vid`` (chapters: 1, 2).
 
     The shared scripts (:data:`SHARED_SCRIPTS`) define their globals first; defining them again,
     for a second piece on the page, changes nothing. The last script mounts ``module`` (the

@@ -300,7 +300,7 @@ def stage_of(t: SavedTensor) -> str:
 
 
 def backward_role(t: SavedTensor) -> str | None:
-    """What a saved tensor's backward holds beside it, when not a gradient of its own size (chapters: 1, 7).
+    """What a saved tensor's backward holds beside it, if not a gradient of its size (chapters: 1, 7).
 
     'linear input': the gradient of an output Linear's (B, T, C) output; 'softmax': eager
     attention's probabilities, whose scores are alive beside them in the forward pass;
@@ -315,7 +315,11 @@ def backward_role(t: SavedTensor) -> str | None:
 
 
 def grads_done_in_block(cfg: ModelConfig, precision: str) -> dict[str, tuple[int, int]]:
-    """At each stage of a block's backward: (gradient bytes already computed, bytes of the 16-bit weight casts still alive under autocast) (chapters: 1, 5)."""
+    """Bytes at each stage of a block's backward: gradients done, weight casts alive (chapters: 1, 5).
+
+    Each stage maps to (gradient bytes already computed, bytes of the 16-bit weight casts still
+    alive under autocast).
+    """
     C, F, kv = cfg.d_model, cfg.ffn_dim, cfg.kv_heads * cfg.head_dim
     _, block, _ = param_groups(cfg)
     pb = PARAM_BYTES[precision]

@@ -137,7 +137,10 @@ def optimizer_state_bytes(cfg: ModelConfig, precision: str, optimizer: str,
 
 def state_bytes(tensors: list[tuple[int, int]], param_bytes: int, optimizer: str,
                 optimizer_impl: str = "foreach", device: str = "cuda") -> int:
-    """Optimizer-state bytes for trainable tensors given as (elements, how many), each ``param_bytes`` wide (chapters: 1, 5)."""
+    """Optimizer-state bytes of trainable tensors given as (elements, how many) (chapters: 1, 5).
+
+    Each element is ``param_bytes`` wide.
+    """
     pb = param_bytes
     n = sum(t * k for t, k in tensors)
     if optimizer in ("adamw", "adam"):
@@ -177,7 +180,10 @@ def optimizer_step_scratch_bytes(cfg: ModelConfig, precision: str, optimizer: st
 
 def step_scratch_bytes(tensors: list[tuple[int, int]], param_bytes: int, optimizer: str,
                        optimizer_impl: str) -> int:
-    """:func:`optimizer_step_scratch_bytes` for trainable tensors given as (elements, how many) (chapters: 1, 5)."""
+    """The optimizer step's scratch for trainable tensors as (elements, how many) (chapters: 1, 5).
+
+    :func:`optimizer_step_scratch_bytes` for any list of trainable tensors.
+    """
     if optimizer not in ("adamw", "adam") or optimizer_impl == "fused" or not tensors:
         return 0
     if optimizer_impl == "foreach":
@@ -257,7 +263,9 @@ def estimate(
 def step_estimate(*, parameters: int, P: int, G: int, S: int, A: int, tokens: int, fwd: int,
                   bwd: int, end: int, scratch: int, accumulating: bool, saved, setup: dict
                   ) -> MemoryEstimate:
-    """A training step's estimate from its parts: the three phases, their peak and categories (chapters: 1, 5).
+    """A training step's estimate from its parts (chapters: 1, 5).
+
+    The three phases, their peak and the categories at each.
 
     P, G, S, A: bytes of parameters, gradients, optimizer states and saved activations; ``fwd``
     and ``bwd`` the activation side at the forward's and the backward's highest points; ``end``
@@ -333,7 +341,7 @@ def bytes_per_param_curve(model: ModelConfig | str, *, seq_len: int, batches=(1,
 # An inference pass ------------------------------------------------------------------------
 def forward_stage_bytes(cfg: ModelConfig | str, *, batch_size: int, new_positions: int,
                         positions: int, bytes_per_value: int = 2) -> dict[str, int]:
-    """Bytes live above weights, cache and prompt ids at each stage of one cached forward pass (chapter: 1).
+    """Bytes live above weights, cache and prompt ids at each stage of a cached forward (chapter: 1).
 
     The pass feeds ``new_positions`` tokens (T: the prompt at prefill, 1 at decode) that
     attend over ``positions`` cached ones (S), in a model whose weights and cache hold
