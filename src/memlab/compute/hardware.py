@@ -12,7 +12,7 @@ Two halves, one question: how fast could this step be, and how fast is it?
 * Model FLOPs utilisation (MFU): the FLOPs a step needs divided by the FLOPs the device could
   have done in the step's time. :func:`tried_peak` times a large square matmul on this device
   (what it *can* do, tried, not looked up), :func:`time_train_step` times one training step of
-  the book's model as :class:`memlab.measure.step.StepSpec` describes it, and
+  the book's model as :class:`memlab.model.step.StepSpec` describes it, and
   :func:`step_mfu` puts them together, with the quoted datasheet peak beside it on a
   catalogued GPU.
 """

@@ -201,8 +201,8 @@ def estimate_sharded(
 
     At ZeRO ``zero_stage``, by phase.
 
-    ``model`` is a preset name, a :class:`~memlab.model.transformer.ModelConfig` or a
-    :class:`~memlab.measure.step.StepSpec`; ``batch_size`` is per GPU. See the module's
+    ``model`` is a preset name, a :class:`~memlab.model.config.ModelConfig` or a
+    :class:`~memlab.model.step.StepSpec`; ``batch_size`` is per GPU. See the module's
     docstring for what each stage holds.
     """
     stage, gpus = check_stage(zero_stage), check_gpus(gpus)

@@ -207,7 +207,7 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
     For full, last blocks, LoRA or QLoRA.
 
     ``model`` is a preset name or config with the switches of a
-    :class:`~memlab.measure.step.StepSpec` (``batch_size``, ``seq_len``, ``precision``, ...), or a
+    :class:`~memlab.model.step.StepSpec` (``batch_size``, ``seq_len``, ``precision``, ...), or a
     spec whose ``prepare`` is a :class:`memlab.finetune.Setup`, whose set-up is then used. With
     no set-up this is :func:`memlab.memory.estimate`.
     """

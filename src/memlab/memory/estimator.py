@@ -207,7 +207,7 @@ def estimate(
 ) -> MemoryEstimate:
     """Estimate the bytes of a training step, by category and phase (chapter: 1).
 
-    ``model`` may be a :class:`memlab.measure.step.StepSpec`, whose switches are then used. ``device``
+    ``model`` may be a :class:`memlab.model.step.StepSpec`, whose switches are then used. ``device``
     only matters where CUDA and CPU differ: where Adam keeps its step counters, and the dtype of
     an eager softmax under autocast.
     """

@@ -102,7 +102,7 @@ class InferenceMemory:
     setup: dict  # model, parameters, batch_size, prompt_len, new_tokens, dtype
     mode: str  # 'measured' (real tensors) or 'traced' (FakeTensorMode)
     device: str  # where the tensors live ('cpu' when traced: fake CPU tensors)
-    method: str = "dispatch"  # how the phases were counted: see memlab.measure.step.measure_peak
+    method: str = "dispatch"  # how the phases were counted: see memlab.measure.peak.measure_peak
 
     @property
     def peak_phase(self) -> str:

@@ -51,7 +51,7 @@ class LMConfig:
     calib_sequences: int = 32
 
     def model_config(self) -> ModelConfig:
-        """The transformer's shape, as a :class:`memlab.model.transformer.ModelConfig`."""
+        """The transformer's shape, as a :class:`memlab.model.config.ModelConfig`."""
         return ModelConfig(name=f"markov{self.order}-d{self.d_model}", style="llama",
                            vocab_size=self.vocab_size, n_layer=self.n_layer, n_head=self.n_head,
                            n_kv_head=self.n_head if self.n_kv_head is None else self.n_kv_head,
