@@ -182,7 +182,7 @@ def estimator_cuda(scale: str = "full", device=None) -> CudaCheck:
         rows.append(CudaRow(model, setup, spec.precision, spec.config.attention,
                             bool(spec.checkpointing), spec.optimizer, spec.batch_size,
                             spec.seq_len, est.peak_bytes, int(m.allocator_peak_bytes),
-                            m.peak_bytes, est.activations_bytes, m.saved_activations_bytes))
+                            m.peak_bytes, est.saved_activations_bytes, m.saved_activations_bytes))
         del m
         gc.collect()
         torch.cuda.empty_cache()

@@ -46,7 +46,7 @@ def trace_table(pairs: Pairs):
     import pandas as pd
 
     return pd.DataFrame(
-        [(n, p, fmt_bytes(t.saved_activations_bytes), fmt_bytes(e.activations_bytes),
+        [(n, p, fmt_bytes(t.saved_activations_bytes), fmt_bytes(e.saved_activations_bytes),
           fmt_bytes(t.peak_bytes), fmt_bytes(e.peak_bytes), f"{e.peak_bytes / t.peak_bytes:.4f}",
           t.peak_phase) for (n, p, _), (t, e) in pairs.items()],
         columns=["model", "precision", "activations (traced)", "activations (estimated)",
