@@ -27,4 +27,13 @@ def lazy_exports(package: str, homes: dict[str, tuple[str, ...]]):
     def __dir__() -> list[str]:
         return sorted(set(vars(sys.modules[package])) | set(where))
 
+    # A name its module shares (memlab.finetune.qlora, the function in qlora.py) is bound now:
+    # once that module is imported, the import system binds the module to the package's
+    # attribute, which would hide the name from __getattr__.
+    pkg = sys.modules[package]
+    pkg.__getattr__, pkg.__dir__ = __getattr__, __dir__
+    pkg.__lazy__ = dict(where)  # name -> its home module, for tests and readers
+    for name, module in where.items():
+        if module == f"{package}.{name}":
+            setattr(pkg, name, getattr(importlib.import_module(module), name))
     return __getattr__, __dir__

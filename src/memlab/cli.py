@@ -440,7 +440,7 @@ def _cmd_sharded(args) -> int:
     """``memlab estimate --zero-stage S --gpus N [--offload O]``: one GPU's memory under data parallelism."""
     from memlab.distributed.estimate import estimate_sharded
     from memlab.distributed.zero import check_gpus, check_offload, check_stage
-    from memlab.finetune.estimate import estimate_finetune
+    from memlab.memory.estimator import estimate
     from memlab.model.config import get_config
     from memlab.model.step import StepSpec
 
@@ -468,7 +468,7 @@ def _cmd_sharded(args) -> int:
                     attention=args.attention)
     est = estimate_sharded(spec, zero_stage=stage, gpus=gpus, offload=offload, device=args.device)
     if args.json:
-        one_gpu = estimate_finetune(spec, device=args.device)
+        one_gpu = estimate(spec, device=args.device)
         print(json.dumps(_step_json(one_gpu, "estimate", spec) | dict(
             trainable_parameters=spec.config.num_parameters(), zero_stage=stage, gpus=gpus,
             offload=offload, layout=est.layout,

@@ -273,7 +273,7 @@ def test_fp8_experiment_runs_on_cpu_and_records_nothing_there(tmp_path, monkeypa
 
 def test_plots_return_figures_from_results_and_records(experiment):
     result, record, _ = experiment
-    for res in (result, record.result):
+    for res in (result, record.value()):
         fig = mplot.loss_curves(res)
         assert isinstance(fig, Figure) and len(fig.axes) == 2
         fig = mplot.gradient_histogram(res)
