@@ -24,10 +24,7 @@ import torch
 
 from memlab.device import pick_device
 from memlab.errors import MemlabError, check_choice
-from memlab.model.config import (
-    OPTIMIZERS,
-    ModelConfig,
-)
+from memlab.model.config import OPTIMIZERS, ModelConfig
 from memlab.model.step import CATEGORIES, PHASES, StepSpec, checkpointing_words, step_bytes
 from memlab.model.train import make_optimizer
 from memlab.model.transformer import build_model, lm_loss

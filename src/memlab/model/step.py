@@ -91,8 +91,9 @@ def checkpointing_words(label) -> str:
 class StepSpec:
     """One training step, validated once: model, batch shape, precision, optimizer and switches.
 
-    The one description of a step that :func:`measure_step`, :func:`trace_step`,
-    :func:`memlab.memory.estimate`, the command line and the estimator widget all take (chapters: 0, 1).
+    The one description of a step that :func:`memlab.measure.measure_step`,
+    :func:`memlab.measure.trace_step`, :func:`memlab.memory.estimate`, the command line and the
+    page's estimator all take (chapters: 0, 1).
     ``attention`` (``None``: the model's own) replaces the config's attention implementation.
     """
 
