@@ -1,8 +1,13 @@
-"""Every verdict level of every claim is reachable: each check's ``decide`` is fed its real
-evidence, changed so that the claim would come out at each level.
+"""Every claim's level moves with real evidence, and every level is reachable.
 
-A check whose level could not change with its evidence fails here. The real evidence of the
-claims that train a model (C14, C16-C19) is computed once per process; those are slow.
+Two kinds of test. The *moves*: each check declares physical changes of its setting (another
+size, another implementation) and the level its real evidence then gives; here
+``decide(evidence(**setting))`` must give that level, and it must differ from the claim's own.
+The *cases*: each check's ``decide`` is fed its real evidence changed by hand so that the claim
+comes out at each level, which shows where the thresholds sit.
+
+The real evidence of the claims that train a model (C14, C16-C19) is computed once per process;
+those are slow.
 """
 
 from __future__ import annotations
@@ -11,9 +16,10 @@ import copy
 
 import pytest
 
+from memlab.book import import_rooms
 from memlab.claims import CAVEAT, CHECKS, HOLDS, JUDGED, NOT_JUDGED, WRONG, verdicts
 
-verdicts()  # imports every part's claims
+import_rooms("claims")  # every part's checks registered
 
 
 def _pt(ev, i=0, **kw):
@@ -306,3 +312,31 @@ def test_c21_names_the_half_that_failed():
           "speed": {"label": "recorded", "ratios": {2048: 1.2}}}
     v = CHECKS["C21"].decide(ev)
     assert v.verdict == WRONG and "speed-up" in v.note and "memory ratio" not in v.note
+
+
+# The moves: one physical change of a claim's setting, its real evidence, another level ----------
+def _move_params():
+    for claim in sorted(CHECKS):
+        for i, m in enumerate(CHECKS[claim].moves):
+            marks = [pytest.mark.slow] if m.slow or claim in TRAINING else []
+            yield pytest.param(claim, i, id=f"{claim}-move{i}", marks=marks)
+
+
+@pytest.mark.parametrize("claim", sorted(CHECKS))
+def test_every_claim_declares_a_physical_change_that_moves_it(claim):
+    moves = CHECKS[claim].moves
+    assert moves, f"{claim} declares no claims.Move"
+    assert all(m.change and m.setting for m in moves), claim
+
+
+@pytest.mark.parametrize("claim, i", list(_move_params()))
+def test_a_physical_change_moves_the_level(claim, i):
+    """decide(evidence(**setting)) of each move: its declared level, not the claim's own."""
+    check = CHECKS[claim]
+    move = check.moves[i]
+    own = verdicts([claim])[0].verdict
+    moved = check.decide(check.evidence(**move.setting))
+    assert moved.verdict == move.level, (claim, move.change, moved)
+    assert moved.verdict != own, (claim, move.change, own)
+    if moved.verdict != HOLDS:
+        assert moved.note

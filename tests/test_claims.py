@@ -34,11 +34,13 @@ def test_judge_refuses_typed_in_levels():
         judge("a", True, "e", caveat_applies=True)
 
 
-def test_not_judged_needs_a_reason():
-    v = not_judged("s", "roofline only", "no GPU timing recorded")
-    assert (v.verdict, v.note) == (NOT_JUDGED, "no GPU timing recorded")
+def test_not_judged_needs_a_reason_and_the_command_that_would_judge_it():
+    v = not_judged("s", "roofline only", "no GPU timing recorded", command="memlab run x")
+    assert (v.verdict, v.note) == (NOT_JUDGED, "no GPU timing recorded; judged by `memlab run x`")
     with pytest.raises(MemlabError, match="must say why"):
-        not_judged("s", "e", "")
+        not_judged("s", "e", "", command="memlab run x")
+    with pytest.raises(MemlabError, match="must name the command"):
+        not_judged("s", "e", "why", command="")
 
 
 def test_sensitivity_names_the_thresholds_that_change_the_level():
@@ -86,3 +88,53 @@ def test_with_sensitivity_states_the_threshold_used():
 
     v = with_sensitivity(decide, {"x": 0.2, "tol": 0.1}, "tol", (0.1, 0.5), lambda t: f"{t:.0%}")
     assert (v.verdict, v.sensitivity) == (WRONG, "10% here; would be holds with 50%")
+
+
+def test_evidence_is_computed_once_per_build(tmp_path, monkeypatch):
+    """With $MEMLAB_CACHE_DIR set, a second page reads the first page's evidence: same numbers."""
+    from memlab import claims
+
+    calls = []
+
+    def evidence(size: int = 1) -> dict:
+        calls.append(size)
+        return {"size": size, "n": len(calls)}
+
+    monkeypatch.setitem(claims.CHECKS, "C99", claims.ClaimCheck(
+        "C99", "chapters/x", "a test claim", evidence, lambda ev: None))
+    monkeypatch.setenv("MEMLAB_CACHE_DIR", str(tmp_path))
+    first = claims.claim_evidence("C99")
+    second = claims.claim_evidence("C99")
+    assert first == second == {"size": 1, "n": 1} and calls == [1]
+    monkeypatch.delenv("MEMLAB_CACHE_DIR")
+    assert claims.claim_evidence("C99") == {"size": 1, "n": 2}  # no build: computed afresh
+
+
+def test_a_move_must_name_what_evidence_takes():
+    from memlab import claims
+
+    def evidence(model: str = "tiny") -> dict:
+        return {}
+
+    with pytest.raises(MemlabError, match=r"sets \['gpus'\].*it takes: model"):
+        claims.register("C98", "chapters/x", "s", evidence=evidence,
+                        moves=[claims.Move("more GPUs", {"gpus": 8}, claims.WRONG)])
+    with pytest.raises(MemlabError, match="accepted: holds"):
+        claims.register("C98", "chapters/x", "s", evidence=evidence,
+                        moves=[claims.Move("x", {"model": "a"}, "fine")])
+    assert "C98" not in claims.CHECKS
+
+
+def test_judge_parts_applies_the_rule():
+    from memlab import claims
+
+    P = claims.Part
+    ok, bad, unmeasured = P("memory 10x", True), P("speed 2x", False, "1.2x"), P("speed", None, "no GPU")
+    assert claims.judge_parts("s", [ok, bad, unmeasured], "e", command="c").verdict == claims.WRONG
+    v = claims.judge_parts("s", [ok, unmeasured], "e", command="memlab run x")
+    assert v.verdict == claims.NOT_JUDGED and "`memlab run x`" in v.note and "memory 10x" in v.note
+    with pytest.raises(MemlabError, match="command"):
+        claims.judge_parts("s", [ok, unmeasured], "e")
+    assert claims.judge_parts("s", [ok], "e").verdict == claims.HOLDS
+    assert claims.judge_parts("s", [ok], "e", caveat="at batch 1",
+                              caveat_applies=True).verdict == claims.CAVEAT

@@ -319,7 +319,8 @@ def _c35(ev: dict) -> claims.Verdict:
     r = ev["recorded"]
     if r is None:
         return claims.not_judged("", "no GPU run of distributed-memory is recorded",
-                                 "on a CPU the 'GPU memory' and the host's are the same memory")
+                                 "on a CPU the 'GPU memory' and the host's are the same memory",
+                                 command="memlab run distributed-memory --scale full --out results/")
     z3, off = r["zero3"], r["offload"]
     saved = 1 - off["peak"] / z3["peak"]
     slower = off["seconds"] / z3["seconds"]

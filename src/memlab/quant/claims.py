@@ -274,7 +274,8 @@ def c43(ev: dict) -> claims.Verdict:
             "", roofline,
             "no GPU timing is recorded: speed is judged on measured times of a pure int8 "
             "matmul and of LLM.int8(), never on a list of tensor-core features; the roofline "
-            "says where int8 arithmetic could win")
+            "says where int8 arithmetic could win",
+            command="memlab run quant-speed --scale full --out results/")
     faster = {k: [n for n, r in v.items() if r < 1] for k, v in timed.items()}
     any_faster = any(faster.values())
     everywhere = all(len(f) == len(timed[k]) for k, f in faster.items())
