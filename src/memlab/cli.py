@@ -337,6 +337,12 @@ def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
         p.add_argument("--offload", default=None,
                        help="with --zero-stage: none (default), optimizer (stage 1-3) or params "
                             "(stage 3): model states kept in CPU memory")
+        p.add_argument("--layout", default=None,
+                       help="bytes per parameter of (parameters, gradients, optimizer states): "
+                            "the precision's own by default (fp32: 4+4+8, also under bf16-mixed "
+                            "and fp16-mixed, as PyTorch trains; bf16: 2+2+4); mixed: the ZeRO "
+                            "paper's 2+2+12 (a 16-bit working copy, an fp32 master), with "
+                            "bf16-mixed or fp16-mixed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -407,6 +413,15 @@ def _cmd_step(args, mode: str) -> int:
     from memlab.model.step import StepSpec
 
     sharded = getattr(args, "zero_stage", None) is not None or getattr(args, "gpus", None) is not None
+    layout = getattr(args, "layout", None)
+    if layout is not None:
+        from memlab.distributed.estimate import LAYOUT_OF, layout_of
+
+        precision = args.precision or "fp32"
+        if layout_of(precision, layout) != LAYOUT_OF[precision] and not sharded:
+            # another layout than the one-GPU estimate's: one GPU of data parallelism
+            args.zero_stage, args.gpus = 0, 1
+            sharded = True
     if sharded or getattr(args, "offload", None) is not None:
         return _cmd_sharded(args)
     if getattr(args, "inference", False):
@@ -466,7 +481,8 @@ def _cmd_sharded(args) -> int:
                     optimizer_impl=args.optimizer_impl or "foreach",
                     checkpointing=args.checkpointing, grad_accum_steps=args.grad_accum,
                     attention=args.attention)
-    est = estimate_sharded(spec, zero_stage=stage, gpus=gpus, offload=offload, device=args.device)
+    est = estimate_sharded(spec, zero_stage=stage, gpus=gpus, offload=offload, device=args.device,
+                           layout=args.layout)
     if args.json:
         one_gpu = estimate(spec, device=args.device)
         print(json.dumps(_step_json(one_gpu, "estimate", spec) | dict(

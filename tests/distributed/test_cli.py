@@ -38,6 +38,27 @@ def test_json_adds_the_per_gpu_bytes(capsys, extra, stage, gpus, offload):
     assert out["cpu_offloaded_bytes"] == est.cpu_offloaded_bytes
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16"])
+def test_one_byte_layout_with_and_without_zero_stage(capsys, precision):
+    """--precision alone and with --zero-stage 0 --gpus 1 split a parameter's bytes alike."""
+    plain = _json(capsys, BASE + ["--precision", precision])
+    ddp = _json(capsys, BASE + ["--precision", precision, "--zero-stage", "0", "--gpus", "1"])
+    n = plain["trainable_parameters"]
+    states = plain["parameters_bytes"] + plain["gradients_bytes"] + n * (8 if precision != "bf16"
+                                                                         else 4)
+    assert ddp["per_gpu_model_state_bytes"] == states
+    assert ddp["per_gpu_peak_bytes"] == plain["peak_bytes"]
+    assert ddp["layout"] == ("bf16" if precision == "bf16" else "fp32")
+
+
+def test_layout_names_the_zero_papers_split(capsys):
+    out = _json(capsys, BASE + ["--precision", "bf16-mixed", "--layout", "mixed"])
+    assert (out["zero_stage"], out["gpus"], out["layout"]) == (0, 1, "mixed")
+    assert out["per_gpu_model_state_bytes"] == 16 * out["trainable_parameters"]
+    assert main(BASE + ["--precision", "bf16-mixed", "--layout", "fp32", "--json"]) == 0
+    assert "zero_stage" not in json.loads(capsys.readouterr().out)  # the default: the plain one
+
+
 def test_text_prints_the_table(capsys):
     assert main(BASE + ["--zero-stage", "3", "--gpus", "8"]) == 0
     out = capsys.readouterr().out
@@ -56,6 +77,9 @@ def test_text_prints_the_table(capsys):
     (["--zero-stage", "3", "--gpus", "8", "--offload", "bogus"],
      ["unknown offload 'bogus'; accepted: none, optimizer, params"]),
     (["--offload", "optimizer"], ["--offload needs --zero-stage"]),
+    (["--layout", "mixed"], ["layout 'mixed' with precision fp32; accepted: fp32"]),
+    (["--precision", "bf16-mixed", "--layout", "zero"],
+     ["layout 'zero' with precision bf16-mixed; accepted: fp32, mixed"]),
     (["--zero-stage", "3"], ["--zero-stage needs --gpus"]),
     (["--zero-stage", "3", "--gpus", "8", "--lora-rank", "8"], ["--lora-rank", "not modelled"]),
     (["--zero-stage", "3", "--gpus", "8", "--freeze", "1"], ["--freeze", "not modelled"]),

@@ -8,7 +8,7 @@ import pytest
 
 from memlab.distributed.estimate import LAYOUT_OF, ShardedEstimate, estimate_sharded
 from memlab.distributed.plan import ZERO_PAPER, ZERO_PAPER_MODEL, ZERO_PAPER_QUOTED_GB
-from memlab.distributed.zero import model_states
+from memlab.distributed.zero import LAYOUTS, model_states
 from memlab.errors import MemlabError
 from memlab.model.config import get_config
 from memlab.model.step import StepSpec
@@ -28,9 +28,9 @@ def test_the_zero_papers_example_from_the_formula_and_the_estimator(stage):
     # A Llama shape within 0.005% of 7.5B parameters gives the same numbers by the estimator.
     assert abs(ZERO_PAPER_MODEL.num_parameters() / ZERO_PAPER["parameters"] - 1) < 5e-5
     est = estimate_sharded(ZERO_PAPER_MODEL, zero_stage=stage, gpus=ZERO_PAPER["gpus"],
-                           precision="bf16-mixed", batch_size=1, seq_len=1024)
+                           precision="bf16-mixed", batch_size=1, seq_len=1024, layout="mixed")
     assert est.layout == "mixed"
-    assert round(_gb(est.per_gpu_model_state_bytes), 3 if stage == 3 else 1) == quoted
+    assert round(_gb(est.model_states.total), 3 if stage == 3 else 1) == quoted
 
 
 @pytest.mark.parametrize("model, switches", [
@@ -47,7 +47,13 @@ def test_model_states_are_the_formulas_and_the_layout_follows_the_precision(mode
                                    precision=precision, **SMALL, **switches)
             ms = model_states(n, stage, gpus, layout=layout, offload=offload)
             assert est.layout == layout and est.model_states == ms
-            assert est.per_gpu_model_state_bytes == ms.total
+            if stage < 2 or offload != "none":
+                assert est.per_gpu_model_state_bytes == ms.total
+            else:  # FSDP2's own: the master copy, gradients and moments as shards
+                m = 2 if layout == "bf16" else 4  # the master's and the reduction's bytes
+                shards = 2 * -(-m * n // gpus) + -(-(sum(LAYOUTS[layout]) - 2 * m) * n // gpus)
+                whole = (4 if precision == "fp32" else 2) * n if stage == 2 else 0
+                assert est.per_gpu_model_state_bytes == shards + whole
             assert est.cpu_offloaded_bytes == ms.cpu_bytes
             assert est.per_gpu_peak_bytes == max(est.phase_peak_bytes.values())
             assert est.per_gpu_peak_bytes == est.phase_peak_bytes[est.peak_phase]
@@ -99,10 +105,10 @@ def test_a_step_spec_and_the_result_as_json_and_text():
     assert est == estimate_sharded("tiny", zero_stage=2, gpus=4, precision="bf16-mixed", **SMALL)
     d = json.loads(json.dumps(est.as_dict()))
     assert d["per_gpu_peak_bytes"] == est.per_gpu_peak_bytes
-    assert d["model_states"]["total"] == est.per_gpu_model_state_bytes
+    assert d["per_gpu_model_state_bytes"] == est.per_gpu_model_state_bytes
     assert d["base"]["peak_bytes"] == est.base.peak_bytes
     text = est.table()
-    assert "ZeRO stage 2" in text and "2Ψ + 14Ψ/N" in text and "peak" in text
+    assert "ZeRO stage 2" in text and "4Ψ + 12Ψ/N" in text and "peak" in text
     assert "DDP" in estimate_sharded("tiny", zero_stage=0, gpus=2, **SMALL).table()
 
 
@@ -160,3 +166,33 @@ def test_the_estimate_is_held_to_the_trace_of_llama2_7b_on_8_gpus(stage, precisi
                                                                   checkpointing):
     ratio = _ratio("llama2-7b", 8, stage, precision, checkpointing, batch_size=1, seq_len=2048)
     assert 0.98 < ratio < 1.02, ratio
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "fp16-mixed", "bf16"])
+def test_one_byte_layout_per_precision_alone_and_sharded(precision):
+    """The one-GPU estimate and the sharded one at any stage split a parameter's bytes alike."""
+    from memlab.memory.estimator import estimate
+
+    spec = StepSpec("tiny", batch_size=2, seq_len=64, precision=precision)
+    one = estimate(spec)
+    n = spec.config.num_parameters()
+    p, g, k = LAYOUTS[LAYOUT_OF[precision]]
+    assert (one.parameters_bytes, one.gradients_bytes) == (p * n, g * n)
+    assert k * n <= one.optimizer_states_bytes < k * n + 4 * 64  # and Adam's step counters
+    for stage, gpus in [(0, 1), (0, 4), (1, 1), (3, 1)]:  # stage 2 adds its working copy
+        est = estimate_sharded(spec, zero_stage=stage, gpus=gpus)
+        assert est.layout == LAYOUT_OF[precision]
+        assert est.per_gpu_model_state_bytes == (p + g + k) * n, (stage, gpus)
+    ddp = estimate_sharded(spec, zero_stage=0, gpus=1)
+    assert ddp.per_gpu_peak_bytes == one.peak_bytes  # DDP on one GPU is the one-GPU step
+
+
+def test_another_layout_is_named_and_refused_where_it_does_not_apply():
+    mixed = estimate_sharded("tiny", zero_stage=0, gpus=1, precision="bf16-mixed", layout="mixed",
+                             **SMALL)
+    n = get_config("tiny").num_parameters()
+    assert (mixed.model_states.parameters, mixed.model_states.gradients,
+            mixed.model_states.optimizer_states) == (2 * n, 2 * n, 12 * n)
+    assert mixed.setup["compute_precision"] == "bf16"  # a 16-bit working copy: no autocast
+    with pytest.raises(MemlabError, match="layout 'mixed' with precision fp32; accepted: fp32"):
+        estimate_sharded("tiny", zero_stage=1, gpus=2, layout="mixed", **SMALL)

@@ -6,14 +6,19 @@ one-GPU estimate's, :func:`memlab.memory.estimator.estimate`, unchanged. What ch
 each GPU holds of the model states, :func:`memlab.distributed.zero.model_states`, and, when
 the parameters are sharded, the units FSDP gathers while they compute.
 
-Layouts. ``fp32`` trains in fp32; ``bf16-mixed`` and ``fp16-mixed`` use the ZeRO paper's
-layout ``mixed``: 16-bit working parameters and gradients, and an fp32 master copy, momentum
-and variance in the optimizer, as DeepSpeed and FSDP's ``MixedPrecisionPolicy`` do; pure
-``bf16`` keeps everything in 16 bits. Under ``mixed`` the model computes in 16 bits from a
-16-bit working copy: there is no autocast, so no autocast cache of 16-bit weight casts and a
-16-bit residual stream. The activation side is therefore the one-GPU estimate in precision
-``bf16`` (whose saved tensors are those of a 16-bit model), not in ``bf16-mixed`` (autocast
-over fp32 weights, which would count every block's weight casts and an fp32 residual stream).
+Layouts. Each precision has one default byte layout, the same as the one-GPU estimate's
+(:data:`LAYOUT_OF`): ``fp32`` and the mixed precisions keep fp32 parameters, gradients and
+Adam's moments (4 + 4 + 8 bytes per parameter, ``fp32`` in :data:`~memlab.distributed.zero.LAYOUTS`),
+as PyTorch trains them: autocast over fp32 weights under DDP and ZeRO-1, FSDP2's
+``MixedPrecisionPolicy`` (an fp32 shard, 16-bit gathered copies, fp32 gradient shards) at
+stages 2 and 3. Pure ``bf16`` keeps everything in 16 bits (2 + 2 + 4). ``layout="mixed"``
+names the ZeRO paper's layout instead (2 + 2 + 12: a 16-bit working copy and 16-bit gradients,
+an fp32 master copy with the moments in the optimizer), as DeepSpeed and Megatron train; it is
+accepted for the mixed precisions only (:data:`LAYOUTS_OF`). Where the model computes from a
+16-bit copy (``mixed``, and FSDP2's gathered copies at stages 2 and 3) there is no autocast, so
+no autocast cache of 16-bit weight casts and a 16-bit residual stream: the activation side is
+the one-GPU estimate in precision ``bf16``; under autocast it is the one-GPU estimate in the
+step's own precision.
 
 What one GPU holds, phase by phase (the three phases of :mod:`memlab.memory.estimator`):
 
@@ -82,8 +87,12 @@ from memlab.model.step import PHASES, StepSpec
 from memlab.units import to_unit
 
 SHARDED_OPTIMIZERS = ("adamw", "adam")  # LAYOUTS count Adam's two moments
-LAYOUT_OF = {"fp32": "fp32", "bf16-mixed": "mixed", "fp16-mixed": "mixed", "bf16": "bf16"}
-# The precision each GPU computes in: its activation side is the one-GPU estimate's in it.
+# Each precision's default byte layout, the one-GPU estimate's (PyTorch's), and the ones accepted.
+LAYOUT_OF = {"fp32": "fp32", "bf16-mixed": "fp32", "fp16-mixed": "fp32", "bf16": "bf16"}
+LAYOUTS_OF = {"fp32": ("fp32",), "bf16-mixed": ("fp32", "mixed"),
+              "fp16-mixed": ("fp32", "mixed"), "bf16": ("bf16",)}
+# The precision a GPU computes in from a 16-bit copy (no autocast): its activation side is the
+# one-GPU estimate's in it.
 COMPUTE_PRECISION = {"fp32": "fp32", "bf16-mixed": "bf16", "fp16-mixed": "bf16", "bf16": "bf16"}
 MASTER_BYTES = {"mixed": 4, "fp32": 4, "bf16": 2}  # FSDP's parameter shard (the master copy)
 REDUCE_BYTES = {"mixed": 4, "fp32": 4, "bf16": 2}  # gradient shards and reduce-scatter buffers
@@ -101,7 +110,10 @@ class ShardedEstimate:
     layout: str  # a key of memlab.distributed.zero.LAYOUTS
     parameters: int  # number of parameters of the model
     model_states: ModelStates  # zero.model_states: the ZeRO paper's formula, bytes on one GPU
-    per_gpu_model_state_bytes: int  # model_states.total: params + grads + optimizer states
+    # Parameters + gradients + optimizer states one GPU holds at the optimizer step: the
+    # formula's (model_states.total) under DDP, ZeRO-1 and offloading; FSDP2's own at stages 2-3
+    # (an fp32 shard, and at stage 2 the whole 16-bit working copy beside it)
+    per_gpu_model_state_bytes: int
     per_gpu_peak_bytes: int  # the step's peak on one GPU
     cpu_offloaded_bytes: int  # model states held in the host's memory (per GPU)
     peak_phase: str
@@ -177,6 +189,32 @@ def _spec(model, batch_size, seq_len, precision, optimizer, optimizer_impl, atte
     return spec
 
 
+def layout_of(precision: str, layout: str | None = None) -> str:
+    """The byte layout of ``precision``: ``layout`` if accepted, else its default (chapter: 6).
+
+    One default per precision (:data:`LAYOUT_OF`), the one-GPU estimate's, in every path.
+    """
+    check_choice("precision", precision, tuple(LAYOUTS_OF))
+    if layout is None:
+        return LAYOUT_OF[precision]
+    if layout not in LAYOUTS_OF[precision]:
+        raise MemlabError(f"layout {layout!r} with precision {precision}; accepted: "
+                          f"{', '.join(LAYOUTS_OF[precision])}")
+    return layout
+
+
+def compute_precision(precision: str, layout: str, stage: int) -> str:
+    """The precision of the activation side: autocast, or 16 bits from a 16-bit copy (chapter: 6).
+
+    The mixed precisions run autocast over fp32 weights under DDP and ZeRO-1 (layout ``fp32``);
+    they compute from a 16-bit copy under the ZeRO paper's ``mixed`` layout and under FSDP2's
+    ``MixedPrecisionPolicy`` (stages 2 and 3, offloaded or not).
+    """
+    if precision.endswith("-mixed") and layout == "fp32" and stage < 2:
+        return precision
+    return COMPUTE_PRECISION[precision]
+
+
 def _shard(n_bytes: int, gpus: int) -> int:
     return -(-n_bytes // gpus)
 
@@ -196,14 +234,16 @@ def estimate_sharded(
     checkpointing: bool = False,
     grad_accum_steps: int = 1,
     device: str = "cuda",
+    layout: str | None = None,
 ) -> ShardedEstimate:
     """Estimated bytes one of ``gpus`` GPUs holds in a training step (chapter: 6).
 
     At ZeRO ``zero_stage``, by phase.
 
     ``model`` is a preset name, a :class:`~memlab.model.config.ModelConfig` or a
-    :class:`~memlab.model.step.StepSpec`; ``batch_size`` is per GPU. See the module's
-    docstring for what each stage holds.
+    :class:`~memlab.model.step.StepSpec`; ``batch_size`` is per GPU. ``layout`` is the byte
+    layout (default: the precision's, :func:`layout_of`). See the module's docstring for what
+    each stage holds.
     """
     stage, gpus = check_stage(zero_stage), check_gpus(gpus)
     check_offload(offload, stage)
@@ -212,11 +252,14 @@ def estimate_sharded(
     check_plan(spec.checkpointing, ("none", "full"), "estimate_sharded")
     check_choice("device", device, ("cuda", "cpu"))
     cfg, B, T = spec.config, spec.batch_size, spec.seq_len
-    layout, compute = LAYOUT_OF[spec.precision], COMPUTE_PRECISION[spec.precision]
+    layout = layout_of(spec.precision, layout)
+    compute = compute_precision(spec.precision, layout, stage)
     base = estimate(replace(spec, precision=compute), device=device)
     n, L = cfg.num_parameters(), cfg.n_layer
     ms = model_states(n, stage, gpus, layout=layout, offload=offload)
-    wb = LAYOUTS[layout][0]  # a working parameter, and a whole gradient, in bytes (the compute dtype)
+    # A working parameter, and a whole gradient, in bytes: 16 bits where the model computes
+    # from a 16-bit copy, else the parameters' own (fp32 under autocast).
+    wb = 2 if compute == "bf16" else 4
     embed, block, head = param_groups(cfg)
     root, blk = sum(embed) + sum(head), sum(block)  # parameters of the root unit and a block
     n_tensors = len(embed) + L * len(block) + len(head)
@@ -234,6 +277,7 @@ def estimate_sharded(
     else:  # DDP, ZeRO-1, and ZeRO-Offload: the model states of the formula
         P, S, G = ms.parameters, ms.optimizer_states, ms.gradients
         g_block = 0  # offloaded stages 2-3 move each gradient shard to the CPU
+    held_states = P + S + G
     optimizer_on_gpu = offload == "none"
     if optimizer_on_gpu and (device == "cpu" or spec.optimizer_impl == "fused"):
         S += 4 * n_tensors  # Adam's fp32 step counters
@@ -339,7 +383,7 @@ def estimate_sharded(
             root_parameters=root, block_parameters=blk, blocks=L))
     return ShardedEstimate(
         zero_stage=stage, gpus=gpus, offload=offload, layout=layout, parameters=n,
-        model_states=ms, per_gpu_model_state_bytes=ms.total,
+        model_states=ms, per_gpu_model_state_bytes=held_states,
         per_gpu_peak_bytes=phases[peak_phase], cpu_offloaded_bytes=ms.cpu_bytes,
         peak_phase=peak_phase, phase_peak_bytes=phases, phase_breakdown=breakdown,
         gathered_bytes=max(fwd_gathered, bwd_gathered), setup=setup, base=base)
