@@ -185,8 +185,12 @@ class LinkChecker:
 
 
 def _notebook_figures(html_root: Path, rel: str) -> int | None:
-    """Figures (PNG/JPEG/SVG outputs) stored in the notebook a page was built from, if any."""
-    source = html_root.parent.parent / (rel[: -len(".html")] + ".ipynb")
+    """Figures (PNG/JPEG/SVG outputs) stored in the notebook a page was built from, if any.
+
+    A lab's page is built from its student version, committed without outputs: its figures are
+    counted in the instructor version's outputs (the same cells draw them)."""
+    source = html_root.parent.parent / (rel[: -len(".html")] + ".ipynb").replace("labs/student/",
+                                                                                "labs/")
     if not source.is_file():
         return None
     cells = json.loads(source.read_text()).get("cells", [])
