@@ -412,6 +412,16 @@ def answer_leaks(instructor: Path, student: Path, text: str) -> list[str]:
     return leaks
 
 
+def _file_text(path: Path) -> str:
+    """A built file's text; a notebook's cells and outputs as text (its JSON escapes quotes)."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if path.suffix != ".ipynb":
+        return text
+    cells = json.loads(text)["cells"]
+    return text + "\n".join("".join(c["source"]) + json.dumps(c.get("outputs", []))
+                            for c in cells)
+
+
 def _lab_files(built_html: Path, lab: Path) -> list[Path]:
     """Every built file of a lab: its page, its .ipynb download, anything else named after it."""
     return sorted(p for p in built_html.rglob(f"{lab.stem}*") if p.is_file())
@@ -426,8 +436,7 @@ def test_a_lab_page_is_its_executed_student_version(built_html: Path, lab: Path)
     assert not (built_html / "labs" / f"{lab.stem}.html").exists(), "the instructor version is built"
     student = ROOT / "labs" / "student" / lab.name
     problems = [f"{f.relative_to(built_html)}: {leak}" for f in _lab_files(built_html, lab)
-                for leak in answer_leaks(lab, student, f.read_text(encoding="utf-8",
-                                                                   errors="replace"))]
+                for leak in answer_leaks(lab, student, _file_text(f))]
     parsed = _read_html(page)
     problems += [f"{page.name}: {leak}"
                  for leak in answer_leaks(lab, student, "".join(parsed.chunks))]
