@@ -14,7 +14,7 @@ export MEMLAB_DEVICE ?= cpu
 export PYTHONHASHSEED := 0
 TIMINGS := _build/timings.txt
 
-.PHONY: setup book test lint unit nbval labs browser student system freeze clean gpu-prepare gpu-unpack
+.PHONY: setup book test lint unit nbval labs browser student student-check system freeze clean gpu-prepare gpu-unpack
 
 setup: $(STAMP)
 
@@ -39,7 +39,7 @@ _build/.results-stamp: $(RESULTS) | _build/.src-stamp
 	$(BIN)/python scripts/records_changed.py _build/.jupyter_cache
 	@mkdir -p _build && touch $@
 
-book: setup _build/.src-stamp _build/.results-stamp
+book: setup student-check _build/.src-stamp _build/.results-stamp
 	@mkdir -p _build
 	@start=$$(date +%s); \
 	MEMLAB_CACHE_DIR=$(CURDIR)/_build/.memlab-cache $(BIN)/jupyter-book build . -n -W --keep-going; \
@@ -55,10 +55,18 @@ unit: setup
 	$(BIN)/python -m pytest -q -m "not slow and not browser" tests
 
 nbval: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env --nbval-cell-timeout=600 chapters labs
+	$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env --nbval-cell-timeout=600 chapters labs labs/student
 
+# The book publishes each lab's student version (solutions, mark schemes and hidden tests out), and a
+# launch button opens it from the repository: labs/student/ is committed. After editing a lab
+# (labs/*.ipynb, the instructor version), run `make student` and commit labs/student/.
 student: setup
+	rm -f labs/student/*.ipynb
 	$(BIN)/python -m memlab.labs.student labs --out labs/student
+
+# The book build stops here when a committed student version is not what its lab now gives.
+student-check: setup
+	$(BIN)/python -m memlab.labs.student labs --out labs/student --check
 
 browser: setup system
 	MEMLAB_REQUIRE_HTML=1 $(BIN)/python -m pytest -q -m browser tests
@@ -66,9 +74,11 @@ browser: setup system
 system:
 	@PYTHON=$(PYTHON) bash scripts/ensure_system.sh --browser
 
-# The book build executes each notebook once; one pytest run then checks the notebooks against
-# the executed copies in jupyter-cache (nbval, --nbval-executed: no second execution), runs the unit tests, the
-# labs' student versions and the browser tests over the built HTML.
+# The book build executes each notebook once (a lab: its student version); one pytest run then
+# checks the notebooks against the executed copies in jupyter-cache (nbval, --nbval-executed: no
+# second execution; an instructor lab against its student version's execution, cell for shared
+# cell), runs the unit tests, nbgrader over the instructor versions (full marks) and the browser
+# tests over the built HTML.
 test: setup system
 	@mkdir -p _build; rm -f $(TIMINGS)
 	@$(MAKE) --no-print-directory book
@@ -99,4 +109,4 @@ freeze:
 	/tmp/memlab-freeze/bin/pip freeze | grep -v '^-e\|^memlab' | sed 's/^torch==.*/torch==2.13.0/' > requirements.txt
 
 clean:
-	rm -rf _build labs/student
+	rm -rf _build

@@ -7,6 +7,14 @@ copies laid out like the sources), nbval's own collector, cell markers (``# NBVA
 ...), sanitizers and output comparison check each notebook against those outputs instead of
 starting a kernel to run it a second time. Without the option, ``--nbval-lax`` runs the
 notebooks itself as usual.
+
+A lab's instructor version (``labs/labNN_*.ipynb``) is not in the book: the book executes its
+student version (``labs/student/``, solutions and hidden tests out). The instructor version is
+checked against that execution cell for cell (a student version keeps every code cell, in
+order): each cell the two versions share is checked as above (no error; ``# NBVAL_CHECK_OUTPUT``
+outputs equal the instructor version's), and the answer and check cells, which differ, are not
+collected here: ``tests/labs/test_nbgrader.py`` autogrades the instructor version (every check
+correct, full marks) and the student version (every check "not attempted").
 """
 
 from __future__ import annotations
@@ -43,9 +51,9 @@ def _replay_file_class():
             if self.options["skip"]:
                 pytest.skip()
             executed = self.parent.executed_cells[self.cell_num]
-            if executed.source != self.cell.source:
+            if executed.source != self.parent.executed_source(self.cell_num, self.cell.source):
                 self.raise_cell_error("the executed copy is stale: its source differs; build the "
-                                      "book again")
+                                      "book again (a lab: `make student` first)")
             outs = coalesce_streams(executed.get("outputs", []))
             self.test_outputs = outs
             errors = [o for o in outs if o.get("output_type") == "error"]
@@ -70,20 +78,45 @@ def _replay_file_class():
             root = Path(self.config.rootpath)
             folder = Path(self.config.option.nbval_executed)
             folder = folder if folder.is_absolute() else root / folder
-            nb = _from_jupyter_cache(folder, Path(self.path)) if (folder / "global.db").is_file() \
-                else _from_folder(folder, root, Path(self.path), read)
+            built = _published_version(Path(self.path)) or Path(self.path)
+            nb = _from_jupyter_cache(folder, built) if (folder / "global.db").is_file() \
+                else _from_folder(folder, root, built, read)
             self.executed_cells = [c for c in nb.cells if c.cell_type == "code"]
             self.setup_sanitize_files()
 
         def teardown(self):
             pass
 
+        @functools.cached_property
+        def published_sources(self) -> list[str] | None:
+            """The code cells' sources in the published student version; None for other notebooks."""
+            if _published_version(Path(self.path)) is None:
+                return None
+            from memlab.labs.student import strip_solutions
+
+            nb = strip_solutions(read(str(self.path), as_version=4), source_name=str(self.path))
+            return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+        def executed_source(self, cell_num: int, source: str) -> str:
+            """The source the executed copy's cell must have: the published version's for a lab."""
+            return source if self.published_sources is None else self.published_sources[cell_num]
+
         def collect(self):
             for item in super().collect():
+                if self.executed_source(item.cell_num, item.cell.source) != item.cell.source:
+                    continue  # a lab's answer or check cell: autograded by nbgrader's test
                 yield ExecutedCell.from_parent(self, name=item.name, cell_num=item.cell_num,
                                                cell=item.cell, options=item.options)
 
     return ExecutedNotebook
+
+
+def _published_version(notebook: Path) -> Path | None:
+    """``labs/student/<name>`` for a lab's instructor version ``labs/<name>``, else None."""
+    published = notebook.parent / "student" / notebook.name
+    if notebook.parent.name == "labs" and published.is_file():
+        return published
+    return None
 
 
 def _from_jupyter_cache(cache_dir: Path, notebook: Path):

@@ -18,6 +18,11 @@ written to _build/browser/ (next to the html folder).
 
     .venv/bin/pytest -m browser tests/test_browser.py
 
+The labs' pages, read from the built files (no browser): each is the executed student version
+(every check "not attempted"), holds no line of the instructor version's solutions or hidden
+tests and no passage of its mark schemes, and its launch buttons (Colab, Binder, the .ipynb
+download) open labs/student/; each chapter links its lab's published page.
+
 Skips without a built book or without Chromium, unless MEMLAB_REQUIRE_HTML=1.
 MEMLAB_HTML_DIR points it at another build; MEMLAB_CHROMIUM at another browser binary.
 """
@@ -180,8 +185,12 @@ class LinkChecker:
 
 
 def _notebook_figures(html_root: Path, rel: str) -> int | None:
-    """Figures (PNG/JPEG/SVG outputs) stored in the notebook a page was built from, if any."""
-    source = html_root.parent.parent / (rel[: -len(".html")] + ".ipynb")
+    """Figures (PNG/JPEG/SVG outputs) stored in the notebook a page was built from, if any.
+
+    A lab's page is built from its student version, committed without outputs: its figures are
+    counted in the instructor version's outputs (the same cells draw them)."""
+    source = html_root.parent.parent / (rel[: -len(".html")] + ".ipynb").replace("labs/student/",
+                                                                                "labs/")
     if not source.is_file():
         return None
     cells = json.loads(source.read_text()).get("cells", [])
@@ -314,3 +323,149 @@ def test_book_pages_render_offline(built_html: Path, html_server: str, chromium_
     print(f"browser: {loaded} page(s) checked in {elapsed:.1f}s; screenshots in {shots}")
 
     assert not report, f"{len(report)} problem(s) in the built book:\n  " + "\n  ".join(report)
+
+
+# ------------------------------------------------------------------ the published labs
+
+ROOT = Path(__file__).resolve().parents[1]
+LABS = sorted((ROOT / "labs").glob("lab*.ipynb"))
+CHAPTERS = sorted((ROOT / "chapters").glob("0*.ipynb"))
+SCHEME_WORDS = 8  # a run of this many words of a mark scheme on a page is a leak
+REGIONS = {"### BEGIN SOLUTION": "### END SOLUTION", "### BEGIN HIDDEN TESTS": "### END HIDDEN TESTS",
+           "=== BEGIN MARK SCHEME ===": "=== END MARK SCHEME ==="}
+
+
+class _Text(HTMLParser):
+    """A page's text as a reader sees it (code highlighting's spans joined), its <pre> blocks
+    one by one, and every link."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.chunks: list[str] = []
+        self.pres: list[str] = []
+        self.hrefs: list[str] = []
+        self._pre = 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "pre":
+            self._pre += 1
+            if self._pre == 1:
+                self.pres.append("")
+        if tag == "a" and dict(attrs).get("href"):
+            self.hrefs.append(dict(attrs)["href"])
+
+    def handle_endtag(self, tag):
+        if tag == "pre" and self._pre:
+            self._pre -= 1
+
+    def handle_data(self, data):
+        self.chunks.append(data)
+        if self._pre:
+            self.pres[-1] += data
+
+
+def _read_html(path: Path) -> _Text:
+    parsed = _Text()
+    parsed.feed(path.read_text(encoding="utf-8", errors="replace"))
+    return parsed
+
+
+def _regions(notebook: Path, begin: str) -> list[str]:
+    """The text of every ``begin`` .. end region of a notebook's cells."""
+    found = []
+    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+        inside = None
+        for line in "".join(cell["source"]).splitlines():
+            if line.strip() == begin:
+                inside = []
+            elif line.strip() == REGIONS[begin] and inside is not None:
+                found.append("\n".join(inside))
+                inside = None
+            elif inside is not None:
+                inside.append(line)
+    return found
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+def _runs(words: list[str], n: int = SCHEME_WORDS) -> set[tuple[str, ...]]:
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def answer_leaks(instructor: Path, student: Path, text: str) -> list[str]:
+    """What of the instructor version's answers ``text`` (a page, a file) shows: each solution or
+    hidden-test line, and each run of a mark scheme's words, that the student version lacks."""
+    kept = student.read_text(encoding="utf-8")
+    sources = "\n".join("".join(c["source"]) for c in json.loads(kept)["cells"])
+    leaks = [f"marker {m!r}" for m in (*REGIONS, *REGIONS.values()) if m in text]
+    for begin, what in (("### BEGIN SOLUTION", "solution"), ("### BEGIN HIDDEN TESTS", "hidden test")):
+        for region in _regions(instructor, begin):
+            for line in sorted({ln.strip() for ln in region.splitlines()}):
+                if len(line) >= 12 and line not in sources and line in text:
+                    leaks.append(f"{what} line {line!r}")
+    shown, own = _runs(_words(text)), _runs(_words(sources))
+    for scheme in _regions(instructor, "=== BEGIN MARK SCHEME ==="):
+        for run in sorted(_runs(_words(scheme)) & shown - own)[:3]:
+            leaks.append(f"mark scheme words {' '.join(run)!r}")
+    return leaks
+
+
+def _file_text(path: Path) -> str:
+    """A built file's text; a notebook's cells and outputs as text (its JSON escapes quotes)."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if path.suffix != ".ipynb":
+        return text
+    cells = json.loads(text)["cells"]
+    return text + "\n".join("".join(c["source"]) + json.dumps(c.get("outputs", []))
+                            for c in cells)
+
+
+def _lab_files(built_html: Path, lab: Path) -> list[Path]:
+    """Every built file of a lab: its page, its .ipynb download, anything else named after it."""
+    return sorted(p for p in built_html.rglob(f"{lab.stem}*") if p.is_file())
+
+
+@pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])
+def test_a_lab_page_is_its_executed_student_version(built_html: Path, lab: Path) -> None:
+    from memlab.labs.grader import get_lab, parse_check_line
+
+    page = built_html / "labs" / "student" / f"{lab.stem}.html"
+    assert page.is_file(), f"no published page {page.relative_to(built_html)}"
+    assert not (built_html / "labs" / f"{lab.stem}.html").exists(), "the instructor version is built"
+    student = ROOT / "labs" / "student" / lab.name
+    problems = [f"{f.relative_to(built_html)}: {leak}" for f in _lab_files(built_html, lab)
+                for leak in answer_leaks(lab, student, _file_text(f))]
+    parsed = _read_html(page)
+    problems += [f"{page.name}: {leak}"
+                 for leak in answer_leaks(lab, student, "".join(parsed.chunks))]
+    assert not problems, "answers on the published lab:\n  " + "\n  ".join(problems)
+
+    checks = [parse_check_line(line) for pre in parsed.pres for line in pre.splitlines()]
+    checks = [c for c in checks if c]
+    assert [ex for ex, _ in checks] == list(get_lab(lab.stem.split("_")[0]).ids)
+    assert {status for _, status in checks} == {"not attempted"}, checks
+
+
+@pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])
+def test_a_lab_page_launches_the_student_version(built_html: Path, lab: Path) -> None:
+    page = built_html / "labs" / "student" / f"{lab.stem}.html"
+    launches = [h for h in _read_html(page).hrefs
+                if "colab.research" in h or "mybinder" in h or h.endswith(".ipynb")]
+    wanted = f"labs/student/{lab.name}"
+    assert [h for h in launches if not h.endswith(wanted)] == []
+    kinds = {"colab": "colab.research.google.com/github/", "binder": "mybinder.org/v2/gh/",
+             "download": "_sources/"}
+    missing = [k for k, where in kinds.items() if not any(where in h for h in launches)]
+    assert not missing, f"no {missing} button on {page.name}: {launches}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_a_chapter_links_its_published_lab(built_html: Path, chapter: Path) -> None:
+    page = built_html / "chapters" / f"{chapter.stem}.html"
+    assert page.is_file(), f"no built chapter {page.relative_to(built_html)}"
+    lab = next(p for p in LABS if p.name.startswith(f"lab{chapter.name[:2]}_"))
+    hrefs = _read_html(page).hrefs
+    assert f"../labs/student/{lab.stem}.html" in hrefs, "the chapter does not link its lab"
+    assert not [h for h in hrefs if f"labs/{lab.stem}" in h], "it links the instructor version"

@@ -256,13 +256,16 @@ class Record:
     def label(self) -> str:
         """How a page labels this record, e.g. ``'recorded on NVIDIA H100 80GB HBM3, 2026-11-22'``.
 
-        A record that lacks something a record now carries says so:
+        The device is the record's own, a GPU or a CPU (``'recorded on CPU: AMD EPYC, …'``); a
+        record without a device name gives its device's kind (``'recorded on cpu, …'``). A
+        record that lacks something a record now carries says so:
         ``'…; lacks: source_sha256, wall_s'``.
         """
         day = str(self.provenance.get("date", ""))[:10]
         lacks = self.provenance.get("lacks")
         tail = f"; lacks: {', '.join(lacks)}" if lacks else ""
-        return f"recorded on {self.provenance.get('device_name', '?')}, {day}{tail}"
+        device = self.provenance.get("device_name") or self.provenance.get("device") or "?"
+        return f"recorded on {device}, {day}{tail}"
 
     def value(self, tp: type | None = None):
         """The result this record records: the frozen result dataclass its experiment returns (chapter: all).

@@ -16,7 +16,10 @@ needing nbgrader or a course folder:
 * ``=== BEGIN MARK SCHEME ===`` .. ``=== END MARK SCHEME ===`` regions of markdown cells are
   removed, and a cell left empty (or tagged ``solution``) is dropped.
 
-``python -m memlab.labs.student labs --out labs/student`` (``make student``) writes them.
+``python -m memlab.labs.student labs --out labs/student`` (``make student``) writes them. The
+book publishes these files (``labs/student/`` is committed, so that a launch button opens the
+student version), and ``--check`` (``make book`` runs it first) fails when one of them is not
+what the instructor version now gives.
 """
 
 from __future__ import annotations
@@ -185,12 +188,7 @@ def _source_lines(cell: dict) -> dict:
     return cell
 
 
-def write_student_notebook(src: str | Path, out_dir: str | Path) -> tuple[Path, StripStats]:
-    """Read an instructor notebook and write its student version into ``out_dir`` (chapter: labs).
-
-    It returns the student version's path.
-    """
-    src, out_dir = Path(src), Path(out_dir)
+def _read_notebook(src: Path) -> dict:
     try:
         nb = json.loads(src.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
@@ -199,19 +197,57 @@ def write_student_notebook(src: str | Path, out_dir: str | Path) -> tuple[Path, 
         ) from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise MemlabError(f"{src}: not a notebook (no list of cells)")
+    return nb
+
+
+def student_text(src: str | Path) -> tuple[str, StripStats]:
+    """The student version's file text for an instructor notebook, and its stats (chapter: labs).
+
+    The same text, byte for byte, every time: :func:`write_student_notebook` writes it and
+    :func:`stale_student_versions` compares the committed files with it.
+    """
+    src = Path(src)
     stats = StripStats()
-    student = strip_solutions(nb, source_name=str(src), stats=stats)
+    student = strip_solutions(_read_notebook(src), source_name=str(src), stats=stats)
     student["cells"] = [_source_lines(c) for c in student["cells"]]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    return json.dumps(student, indent=1, sort_keys=True, ensure_ascii=False) + "\n", stats
+
+
+def write_student_notebook(src: str | Path, out_dir: str | Path) -> tuple[Path, StripStats]:
+    """Read an instructor notebook and write its student version into ``out_dir`` (chapter: labs).
+
+    It returns the student version's path.
+    """
+    src, out_dir = Path(src), Path(out_dir)
+    text, stats = student_text(src)
     dest = out_dir / src.name
     if dest.resolve() == src.resolve():
         raise MemlabError(
             f"{src}: the student version would overwrite the instructor version; pick another --out"
         )
-    dest.write_text(
-        json.dumps(student, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
-    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dest.write_text(text, encoding="utf-8")
     return dest, stats
+
+
+def stale_student_versions(notebooks: list[Path], out_dir: str | Path) -> list[str]:
+    """What differs between ``out_dir`` and the student versions of ``notebooks`` (chapter: labs).
+
+    One line per problem: a student version missing, one that is not what its instructor version
+    now gives, or a notebook in ``out_dir`` with no instructor version. Empty when up to date.
+    """
+    out_dir = Path(out_dir)
+    problems = []
+    for src in notebooks:
+        dest = out_dir / src.name
+        if not dest.is_file():
+            problems.append(f"{dest}: missing (the student version of {src})")
+        elif dest.read_text(encoding="utf-8") != student_text(src)[0]:
+            problems.append(f"{dest}: not the student version of {src} as it is now")
+    names = {src.name for src in notebooks}
+    problems += [f"{extra}: no instructor version of it among the labs"
+                 for extra in sorted(out_dir.glob("*.ipynb")) if extra.name not in names]
+    return problems
 
 
 # ------------------------------------------------------------------ command line
@@ -241,10 +277,26 @@ def main(argv: list[str] | None = None) -> int:
         default="labs/student",
         help="folder for the student versions (default: labs/student)",
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if a file in --out is not the student version as it is now",
+    )
     args = parser.parse_args(argv)
     out_dir = Path(args.out)
     try:
         notebooks = find_notebooks(args.sources, out_dir)
+        if args.check:
+            problems = stale_student_versions(notebooks, out_dir)
+            for problem in problems:
+                print(f"make_student: {problem}", file=sys.stderr)
+            if problems:
+                print(f"make_student: run `make student` (python -m memlab.labs.student "
+                      f"{' '.join(args.sources)} --out {out_dir}) and commit {out_dir}",
+                      file=sys.stderr)
+                return 1
+            print(f"{out_dir}: the {len(notebooks)} student version(s) are up to date")
+            return 0
         if not notebooks:
             print(f"make_student: no notebooks in {', '.join(args.sources)}; nothing written")
             return 0
