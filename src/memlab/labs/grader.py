@@ -235,7 +235,7 @@ class Lab:
         return result is not None and result.ok
 
     def reveal(self, exercise_id: str) -> bool:
-        """True once the exercise's check has passed; else print that what follows waits for it (chapter: labs).
+        """True once the exercise's check has passed; else print that what follows waits (chapter: labs).
 
         A cell after a check that shows the numbers the check compares with runs under
         ``if lab.reveal(id):``, so that it never shows the answer before the learner has found it.
