@@ -470,7 +470,8 @@ def test_error_ratio(lab, capsys, acts, weight):
     assert lab.check("3.3b", err[LLM_INT8_THRESHOLD] / err[0.0], x=acts, weight=weight).status == "not yet"
     assert "divide the other way" in _line(capsys)
     assert lab.check("3.3b", 1.0, x=acts, weight=weight).status == "not yet"
-    assert "llm_int8_matmul with threshold=0.0" in _line(capsys)
+    line = _line(capsys)  # no slip explains it: it is wrong, and the recipe is not given
+    assert line.endswith("not yet: that is not the expected answer") and "threshold" not in line
     assert lab.check("3.3b", None, x=acts, weight=weight).status == "not attempted"
     assert lab.check("3.3b", 2.0, x=None, weight=weight).status == "not attempted"
     capsys.readouterr()

@@ -17,33 +17,33 @@ from memlab.finetune.estimate import (
     base_weight_bytes,
     estimate_finetune,
 )
-from memlab.gpus import get_gpu
 from memlab.labs.grader import get_lab
 from memlab.labs.lab05 import (
     FORWARD_RTOL,
-    JOB,
     LAYER,
     LORA_CASES,
-    MENU,
-    NONE,
+    PEAK_JOB,
+    PEAK_LORA,
+    PEAK_RTOL,
+    PEAK_SLIP_RTOL,
     QLORA_SETUP,
     WEIGHTS_RTOL,
-    best_setup,
-    describe_setup,
+    counted_lora_parameters,
     forward_slips,
     lora_config,
     lora_count,
     lora_count_slips,
     lora_inputs,
     lora_layer,
+    lora_peak_slips,
     merged_output,
-    preference_key,
+    peak_spec,
     qlora_estimate,
     qlora_weight_bytes,
     qlora_weight_parts,
     relative_error,
-    setup_estimate,
-    setup_slips,
+    traced_full_step,
+    traced_lora_step,
     weight_bytes_slips,
 )
 from memlab.model.config import get_config
@@ -100,6 +100,7 @@ def test_lora_cases_are_built_for_the_slips():
 def test_lora_counts_are_right(lab, capsys):
     answer = {key: _count(key) for key in LORA_CASES}
     assert answer == {key: lora_count(key) for key in LORA_CASES}
+    assert answer == {key: counted_lora_parameters(key) for key in LORA_CASES}  # PyTorch's count
     assert lab.check("5.1", answer).ok
     assert lab.check("5.1", {k: float(v) for k, v in answer.items()}).ok
     assert lab.check("5.1", {k: torch.tensor(v) for k, v in answer.items()}).ok
@@ -138,7 +139,7 @@ def test_the_count_is_what_injected_modules_train(targets):
     ("llama3-8b, r=16, all-linear", dict(extra=16 * (4096 + 128256)),
      "peft leaves the output layer (the LM head) out"),
     ("llama2-7b, r=8, q_proj,v_proj", dict(per=lambda i, o: 3 * (i + o)),
-     "r x (in + out) for each adapted linear of a block, times n_layer"),
+     "2.7x too small"),  # no slip explains it: how far off, never the recipe
 ])
 def test_lora_count_mistakes_get_their_hint(lab, capsys, key, kw, words):
     answer = {k: _count(k) for k in LORA_CASES}
@@ -258,7 +259,7 @@ def _forward_variant(kind):
     ("swapped", "A and B are used in each other's place"),
     ("no-transpose", "raised RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
     ("half-out", "the output has shape (2, 5, 8), not (2, 5, 16)"),
-    ("off", "against x (W + (alpha / r) B A)^T + b"),
+    ("off", "against the merged layer's output"),
 ])
 def test_forward_mistakes_get_their_hint(lab, capsys, kind, words):
     assert lab.check("5.2", _forward_variant(kind)).status == "not yet"
@@ -358,7 +359,7 @@ def test_weight_bytes_other_mistakes(lab, capsys):
         (8 * expected, "bits and bytes"),
         (expected / 2**30, "answer bytes, not GiB"),
         (expected / 1e9, "answer bytes, not GB"),
-        (0.9 * expected, "block linears: codes + 8-bit absmax + their fp32 scales"),
+        (0.9 * expected, "10% too small"),  # no slip: how far off, never the recipe
     ]:
         assert lab.check("5.3", answer).status == "not yet"
         assert words in _line(capsys)
@@ -368,108 +369,105 @@ def test_weight_bytes_other_mistakes(lab, capsys):
     capsys.readouterr()
 
 
-# ------------------------------------------------------------ 5.4 the set-up that fits
+# ------------------------------------------------------------ 5.4 the peak of a LoRA step
 
 
-def _first_fitting(limit, peak) -> str:
-    return next((name for name in MENU if peak(name) <= limit), NONE)
+@pytest.fixture(scope="module")
+def steps():
+    return traced_full_step(), traced_lora_step()
 
 
-def _peak(name, **kw) -> int:
-    args = {**MENU[name], **kw}
-    batch = args.pop("batch_size", JOB["batch_size"])
-    return estimate_finetune(JOB["model"], batch_size=batch, seq_len=JOB["seq_len"], **args).peak_bytes
+def _lora_peak_by_hand(full, *, keep_inputs=False, states=True, activations=True,
+                       temporaries=True) -> float:
+    """The notebook's reasoning: the full step at its peak, less what LoRA drops."""
+    cfg = get_config(PEAK_JOB["model"])
+    B, T = PEAK_JOB["batch_size"], PEAK_JOB["seq_len"]
+    C, F_, L = cfg.d_model, cfg.ffn_dim, cfg.n_layer
+    at = full.phase_breakdown["backward"]
+    adapters = L * PEAK_LORA.r * 2 * (C + C)
+    BTC = B * T * C * 4
+    dropped = 0 if keep_inputs else L * (BTC + BTC * F_ // C) + BTC
+    return (at["parameters"] + 4 * adapters + (8 * adapters if states else 0)
+            + (at["activations"] - dropped if activations else 0)
+            + (at["temporaries"] if temporaries else 0) + at["other"])
 
 
-def test_the_menu_is_in_its_stated_order():
-    names = list(MENU)
-    assert names == sorted(names, key=preference_key)
-    trained = [describe_setup(n)["trainable"] for n in names]
-    assert trained == sorted(trained, reverse=True)
-    assert [describe_setup(n)["checkpointing"] for n in names] == [False, True] * 4
-    assert len({preference_key(n) for n in names}) == len(names)  # no ties: one clear order
+def test_the_lora_step_is_traced_and_its_estimate_agrees(steps):
+    full, lora = steps
+    assert full.mode == lora.mode == "traced"
+    assert lora.setup["model"] == full.setup["model"] == PEAK_JOB["model"]
+    assert full.peak_phase == lora.peak_phase == "backward"
+    assert lora.peak_bytes < full.peak_bytes
+    est = estimate_finetune(peak_spec(PEAK_LORA), device="cpu")
+    assert est.peak_bytes == pytest.approx(lora.peak_bytes, rel=1e-6)
 
 
-def test_setup_correct(lab, capsys):
-    usable = get_gpu(JOB["gpu"]).usable_bytes
-    expected = _first_fitting(usable, _peak)
-    assert expected == best_setup() == "LoRA all-linear, checkpointing"
-    assert lab.check("5.4", expected).ok and lab.check("5.4", f"  {expected} ").ok
+def test_lora_peak_correct(lab, capsys, steps):
+    full, lora = steps
+    by_hand = _lora_peak_by_hand(full)
+    assert by_hand == pytest.approx(lora.peak_bytes, rel=0.01)  # the reasoning, not a formula
+    assert lab.check("5.4", by_hand).ok
+    assert lab.check("5.4", lora.peak_bytes).ok
+    assert lab.check("5.4", torch.tensor(float(lora.peak_bytes))).ok
+    assert lab.check("5.4", lora.peak_bytes * (1 - 0.9 * PEAK_RTOL)).ok
     capsys.readouterr()
+    assert lab.check("5.4", lora.peak_bytes * (1 + 1.1 * PEAK_RTOL)).status == "not yet"
+    assert _line(capsys).endswith("% too large")  # no slip: how far off, never the recipe
 
 
-def test_every_other_setup_is_told_why(lab, capsys):
-    usable = get_gpu(JOB["gpu"]).usable_bytes
-    expected = best_setup()
-    for name in (*MENU, NONE):
-        if name == expected:
-            continue
-        assert lab.check("5.4", name).status == "not yet"
-        line = _line(capsys)
-        if name == NONE:
-            assert "a set-up of the menu fits" in line
-        elif _peak(name) > usable:
-            assert f"{name}'s estimated peak, {_peak(name):,} bytes, is more than" in line
-        else:
-            assert f"{name} fits, but a set-up earlier in the menu fits too" in line
-
-
-@pytest.mark.parametrize(("slip", "words"), [
-    ("weights", "compare the estimated peak (peak_bytes), not the weights"),
-    ("no-checkpointing", "with checkpointing=True"),
-    ("one-sequence", "estimate at JOB's batch size (8 sequences)"),
-    ("smallest-peak", "that is the set-up with the smallest estimated peak"),
+@pytest.mark.parametrize(("kw", "words"), [
+    (dict(keep_inputs=True), "a Linear layer whose weight is frozen needs no copy of its input"),
+    (dict(activations=False, temporaries=False), "a LoRA step peaks in the backward pass"),
+    (dict(temporaries=False), "add the backward pass's temporaries"),
 ])
-def test_setup_mistakes_are_named(lab, capsys, slip, words):
-    """Each mistake, run through the menu, picks its own wrong set-up, and its hint names it."""
-    usable = get_gpu(JOB["gpu"]).usable_bytes
-    if slip == "weights":
-        picked = _first_fitting(usable, lambda n: estimate_finetune(
-            JOB["model"], batch_size=JOB["batch_size"], seq_len=JOB["seq_len"],
-            **MENU[n]).parameters_bytes)
-    elif slip == "no-checkpointing":
-        picked = _first_fitting(usable, lambda n: _peak(n, checkpointing=False))
-    elif slip == "one-sequence":
-        picked = _first_fitting(usable, lambda n: _peak(n, batch_size=1))
-    else:
-        picked = min((n for n in MENU if _peak(n) <= usable), key=_peak)
-    assert picked != best_setup()
-    assert lab.check("5.4", picked).status == "not yet"
+def test_lora_peak_mistakes_get_their_hint(lab, capsys, steps, kw, words):
+    answer = _lora_peak_by_hand(steps[0], **kw)
+    assert lab.check("5.4", answer).status == "not yet"
     assert words in _line(capsys)
 
 
-def test_setup_slips_pick_four_different_wrong_answers():
-    slips = setup_slips()
-    assert best_setup() not in slips and len(slips) == 4
-
-
-def test_setup_bad_answers(lab, capsys):
+def test_lora_peak_other_mistakes(lab, capsys, steps):
+    full, lora = steps
+    at = full.phase_breakdown["backward"]
+    for answer, words in [
+        (full.peak_bytes, "that is full fine-tuning's peak"),
+        (_lora_peak_by_hand(full) + at["optimizer_states"], "the base's states are gone too"),
+        (8 * lora.peak_bytes, "bits and bytes"),
+        (lora.peak_bytes / 2**30, "answer bytes, not GiB"),
+        (lora.peak_bytes / 1e9, "answer bytes, not GB"),
+    ]:
+        assert lab.check("5.4", answer).status == "not yet"
+        assert words in _line(capsys)
+    assert lab.check("5.4", "1.5 GB").status == "not yet"
+    assert "answer a number of bytes, got str" in _line(capsys)
     assert lab.check("5.4", None).status == "not attempted"
     capsys.readouterr()
-    assert lab.check("5.4", 3).status == "not yet"
-    assert "answer a set-up name (a string), got int" in _line(capsys)
-    assert lab.check("5.4", "LoRA").status == "not yet"
-    assert "unknown set-up 'LoRA'; accepted: full, bf16-mixed, " in _line(capsys)
 
 
-def test_the_mark_schemes_claims():
-    """Full fine-tuning's model states alone exceed the GPU even with checkpointing; QLoRA with
-    checkpointing has the smallest peak; the smallest GPU gets QLoRA, the largest full
-    fine-tuning with checkpointing; an adapted linear keeps an fp32 copy of its input."""
-    usable = get_gpu(JOB["gpu"]).usable_bytes
-    full = setup_estimate("full, bf16-mixed, checkpointing")
-    assert full.parameters_bytes + full.gradients_bytes + full.optimizer_states_bytes > usable
-    assert min(MENU, key=_peak) == "QLoRA all-linear, checkpointing"
-    assert best_setup("T4") == "QLoRA all-linear, checkpointing"
-    assert best_setup("H200") == "full, bf16-mixed, checkpointing"
-    chosen = setup_estimate(best_setup())
-    assert chosen.saved_activations_bytes < chosen.parameters_bytes
-    assert any("adapter" in t.name and t.dtype == "fp32" for t in setup_estimate("LoRA q,v").saved)
+def test_lora_peak_slips_are_apart_from_the_answer_and_each_other(steps):
+    full, lora = steps
+    values = [v for v, _ in lora_peak_slips(full, lora)] + [lora.peak_bytes]
+    for a, b in itertools.combinations(values, 2):
+        assert abs(a - b) > 2 * PEAK_SLIP_RTOL * max(abs(a), abs(b))
+    for v, _ in lora_peak_slips(full, lora):
+        assert abs(v - lora.peak_bytes) > PEAK_RTOL * lora.peak_bytes
+
+
+def test_the_mark_schemes_claims(steps):
+    """The base's gradients and states vanish, the weights stay, the activations shrink and the
+    temporaries do not change; the widest tensors a frozen Linear no longer keeps are the GELU
+    outputs."""
+    full, lora = steps
+    f, g = full.phase_breakdown["backward"], lora.phase_breakdown["backward"]
+    assert g["gradients"] == 0 and g["optimizer_states"] < f["optimizer_states"] / 100
+    assert f["parameters"] < g["parameters"] < 1.01 * f["parameters"]
+    assert g["activations"] < f["activations"] and g["temporaries"] == f["temporaries"]
+    assert sum(lora.phase_breakdown["optimizer"].values()) < lora.peak_bytes / 2
 
 
 def test_helpers_refuse_bad_input():
-    with pytest.raises(MemlabError, match=r"unknown set-up 'QLoRA'; accepted: full, bf16-mixed"):
-        setup_estimate("QLoRA")
+    with pytest.raises(MemlabError, match="unknown LoRA case 'gpt2'"):
+        counted_lora_parameters("gpt2")
     with pytest.raises(MemlabError, match="r must be a positive integer, got 0"):
         lora_inputs(r=0)
     with pytest.raises(MemlabError, match="unknown LoRA case 'gpt2'"):

@@ -7,32 +7,36 @@ import itertools
 import pytest
 
 from memlab.distributed.comm import ring_sent_bytes
-from memlab.distributed.estimate import estimate_sharded
-from memlab.distributed.plan import MAX_GPUS, ZERO_PAPER, ZERO_PAPER_QUOTED_GB, smallest_gpus
+from memlab.distributed.plan import ZERO_PAPER, ZERO_PAPER_QUOTED_GB
+from memlab.distributed.traced import trace_sharded
 from memlab.distributed.zero import LAYOUTS, STAGES, comm_volume, model_states
 from memlab.errors import MemlabError
-from memlab.gpus import get_gpu
 from memlab.labs.grader import get_lab
 from memlab.labs.lab06 import (
-    FIT_CASES,
-    FIT_SETUP,
+    FIT_BUDGET_SHARE,
+    FIT_FROM,
+    MAX_RANKS,
     PER_RANK_CASES,
     SENT_CASES,
     SENT_RTOL,
+    SHARDED,
     TIMELINE_QUESTIONS,
     TIMELINE_RUN,
+    counted_sent_cases,
     gather_run,
     per_rank_cases,
     per_rank_slips,
+    rank_budget_bytes,
+    ranks_slips,
     recorded_gather,
-    recorded_timeline_summary,
     reference_per_rank,
     reference_sent_bytes,
-    reference_smallest,
     sent_cases,
     sent_slips,
-    smallest_slips,
+    shown_rank_step,
+    smallest_ranks,
     timeline_answers,
+    traced_rank_step,
     unit_bytes,
 )
 from memlab.units import to_unit
@@ -161,7 +165,9 @@ def test_per_rank_stub_and_bad_answers(lab, capsys):
         return tuple(v + 1 for v in per_rank_bytes(parameters, stage, gpus, layout))
 
     assert lab.check("6.1", off).status == "not yet"
-    assert f"{len(per_rank_cases())} of {len(per_rank_cases())} cases not right" in _line(capsys)
+    line = _line(capsys)  # no slip explains it: what is wrong, never the recipe
+    assert f"{len(per_rank_cases())} of {len(per_rank_cases())} cases not right" in line
+    assert "its parameters are slightly too large" in line and "stage 1 shards" not in line
 
 
 # ----------------------------------------------------------------- 6.2 bytes sent per step
@@ -196,10 +202,22 @@ def test_sent_correct(lab, capsys):
 
 def test_counted_collectives_match_the_formula(run):
     """The bytes rank 0 sent in the measured FSDP2 step are the formula's at stages 3 and 2."""
-    for strategy, stage in (("zero3", 3), ("zero2", 2)):
-        sent = sum(c["sent_bytes"] for c in run.comm[strategy].values())
-        assert sent == pytest.approx(reference_sent_bytes(run.parameters, stage, run.ranks, 4),
-                                     rel=1e-9)
+    cases = counted_sent_cases(run)
+    assert [c["stage"] for c, _ in cases] == [3, 2]
+    for args, counted in cases:
+        strategy = {3: "zero3", 2: "zero2"}[args["stage"]]
+        assert counted == sum(c["sent_bytes"] for c in run.comm[strategy].values())
+        assert counted == pytest.approx(reference_sent_bytes(**args), rel=1e-9)
+
+
+def test_the_counted_case_is_named_when_only_it_is_wrong(lab, capsys, run):
+    def wrong_at_four_ranks(parameters, stage, gpus, bytes_per_value):
+        return bytes_sent_per_step(parameters, stage, gpus, bytes_per_value) * (
+            2 if (gpus, bytes_per_value) == (run.ranks, 4) else 1)
+
+    assert lab.check("6.2", wrong_at_four_ranks).status == "not yet"
+    line = _line(capsys)
+    assert "2 of 18 cases not right" in line and "(counted in the step run here)" in line
 
 
 def test_sent_slips_differ_from_the_reference():
@@ -239,100 +257,80 @@ def test_sent_stub_and_bad_answers(lab, capsys):
     assert lab.check("6.2", lambda *a: 1.01 * bytes_sent_per_step(*a)).status == "not yet"
     line = _line(capsys)
     assert "cases not right, the first bytes_sent_per_step(parameters=" in line
-    assert line.endswith("an all-reduce: twice that")
+    assert line.endswith("1% too large")  # no slip: how far off, never the recipe
 
 
-# ------------------------------------------------------------------- 6.3 the smallest N
+# ------------------------------------------------------------ 6.3 how many ranks, traced
 
 
-def smallest_n(model, stage, gpu):  # the reference solution: every N in turn
-    usable = get_gpu(gpu).usable_bytes
-    for n in range(1, MAX_GPUS + 1):
-        if estimate_sharded(model, zero_stage=stage, gpus=n, **FIT_SETUP).per_gpu_peak_bytes <= usable:
-            return n
-    return None
+def _reckoned(shown, budget, *, part=None, keep=None) -> int | None:
+    """The notebook's reckoning from the step on FIT_FROM ranks: ``part`` shrinks as FIT_FROM / N,
+    ``keep`` stays (by default: the shards shrink, everything else stays)."""
+    at = shown.peak_by_category
+    part = sum(at[c] for c in SHARDED) if part is None else part
+    keep = shown.peak_bytes - part if keep is None else keep
+    return next((n for n in range(FIT_FROM, MAX_RANKS + 1)
+                 if keep + part * FIT_FROM / n <= budget), None)
 
 
-def _bisect(model, stage, gpu, *, measure=None, limit=None, candidates=None, **setup):
-    """A search with a mistake in it: another measure, limit, set of N or estimate settings."""
-    limit = get_gpu(gpu).usable_bytes if limit is None else limit(get_gpu(gpu))
-    kw = {**FIT_SETUP, **setup}
-
-    def m(n):
-        est = estimate_sharded(model, zero_stage=stage, gpus=n, **kw)
-        return est.per_gpu_peak_bytes if measure is None else getattr(est, measure)
-
-    pool = candidates or range(1, MAX_GPUS + 1)
-    if candidates is None:
-        if m(MAX_GPUS) > limit:
-            return None
-        lo, hi = 0, MAX_GPUS
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if m(mid) <= limit else (mid, hi)
-        return hi
-    return next((n for n in pool if m(n) <= limit), None)
+def test_the_traced_step_is_what_the_exercise_says():
+    shown, budget = shown_rank_step(), rank_budget_bytes()
+    assert shown.gpus == FIT_FROM and shown.reshard_after_forward and shown.precision == "fp32"
+    assert budget == int(FIT_BUDGET_SHARE * shown.peak_bytes)
+    assert shown == trace_sharded(TIMELINE_RUN["model"], FIT_FROM, batch_size=shown.batch_size,
+                                  seq_len=shown.seq_len)
+    n = smallest_ranks()
+    assert n is not None and n & (n - 1)  # not a power of two
+    assert traced_rank_step(n).peak_bytes <= budget < traced_rank_step(n - 1).peak_bytes
+    # the shards shrink as 1/N (padding aside), the rest does not
+    other = traced_rank_step(n)
+    for c in SHARDED:
+        assert other.peak_by_category[c] <= shown.peak_by_category[c] * FIT_FROM / n * 1.05 + 64
+    assert other.peak_by_category["act"] == shown.peak_by_category["act"]
 
 
-def test_reference_is_plan_smallest_gpus():
-    expected = {key: reference_smallest(**c) for key, c in FIT_CASES.items()}
-    for key, c in FIT_CASES.items():
-        assert expected[key] == smallest_gpus(c["model"], c["stage"], gpu=c["gpu"], **FIT_SETUP)
-        assert expected[key] == _bisect(**c)
-    assert None in expected.values()  # one set-up no number of GPUs holds
-    assert any(n is not None and n & (n - 1) for n in expected.values())  # not a power of two
-
-
-def test_smallest_correct(lab, capsys):
-    assert lab.check("6.3", smallest_n).ok
-    assert lab.check("6.3", lambda *a: _bisect(*a)).ok
+def test_ranks_correct(lab, capsys):
+    shown, budget = shown_rank_step(), rank_budget_bytes()
+    assert _reckoned(shown, budget) == smallest_ranks()  # the reasoning gives the traced answer
+    assert lab.check("6.3", smallest_ranks()).ok and lab.check("6.3", float(smallest_ranks())).ok
     capsys.readouterr()
 
 
-@pytest.mark.parametrize(("kw", "words"), [
-    (dict(measure="per_gpu_model_state_bytes"), "compare the per-GPU peak (per_gpu_peak_bytes)"),
-    (dict(limit=lambda g: g.memory_bytes), "(usable_bytes), not the label"),
-    (dict(candidates=tuple(2**k for k in range(11))), "not only a power of two"),
-    (dict(checkpointing=False), "that is without checkpointing"),
-    (dict(precision="fp32"), "precision bf16-mixed, not fp32"),
-])
-def test_smallest_mistakes_get_their_hint(lab, capsys, kw, words):
-    def mistaken(model, stage, gpu):
-        return _bisect(model, stage, gpu, **kw)
-
-    assert lab.check("6.3", mistaken).status == "not yet"
-    assert words in _line(capsys)
-
-
-def test_smallest_slips_never_name_the_right_answer():
-    for c in FIT_CASES.values():
-        expected = reference_smallest(**c)
-        values = [v for v, _ in smallest_slips(**c)]
-        assert (-1.0 if expected is None else float(expected)) not in values
-        assert len(values) == len(set(values))
+def test_ranks_mistakes_get_their_hint(lab, capsys):
+    shown, budget = shown_rank_step(), rank_budget_bytes()
+    at = shown.peak_by_category
+    gathered = at["unsharded_param"] + at["all_gather"]
+    sharded = sum(at[c] for c in SHARDED)
+    expected = smallest_ranks()
+    for answer, words in [
+        (_reckoned(shown, budget, part=shown.peak_bytes, keep=0), "only this rank's shards shrink"),
+        (_reckoned(shown, budget, part=shown.model_state_bytes, keep=0),
+         "compare the per-rank peak, not the model states"),
+        (_reckoned(shown, budget, part=sharded + gathered), "hold whole units whatever N"),
+        (8, "not only a power of two"),
+    ]:
+        assert answer != expected
+        assert lab.check("6.3", answer).status == "not yet"
+        assert words in _line(capsys)
 
 
-def test_smallest_other_answers(lab, capsys):
-    def stub(model, stage, gpu):
-        """Not written yet."""
+def test_ranks_slips_never_name_the_right_answer():
+    values = [v for v, _ in ranks_slips()]
+    assert float(smallest_ranks()) not in values and len(values) == len(set(values)) == 4
 
-    assert lab.check("6.3", stub).status == "not attempted"
+
+def test_ranks_other_answers(lab, capsys):
+    n = smallest_ranks()
+    assert lab.check("6.3", None).status == "not attempted"
     capsys.readouterr()
-
-    def never_none(model, stage, gpu):
-        return smallest_n(model, stage, gpu) or MAX_GPUS
-
-    assert lab.check("6.3", never_none).status == "not yet"
-    assert "answer None when no N up to MAX_GPUS fits" in _line(capsys)
-
-    def one_less(model, stage, gpu):
-        n = smallest_n(model, stage, gpu)
-        return None if n is None else max(n - 1, 1)
-
-    assert lab.check("6.3", one_less).status == "not yet"
-    assert "the estimated per-GPU peak is" in _line(capsys)
-    assert lab.check("6.3", lambda *a: "four").status == "not yet"
-    assert "return an int or None" in _line(capsys)
+    for answer, words in [
+        (n + 1, f"{n + 1} ranks fit, but fewer fit too"),
+        (MAX_RANKS + 1, f"answer a whole number of ranks from {FIT_FROM} to {MAX_RANKS}"),
+        (1, "from 2"), (4.5, "got 4.5"), ("five", "answer a number of ranks, an int, got str"),
+    ]:
+        assert lab.check("6.3", answer).status == "not yet"
+        line = _line(capsys)
+        assert words in line and (answer != n + 1 or str(n) not in line.split(":", 1)[1])
 
 
 # ------------------------------------------------------------ 6.4 the measured timeline
@@ -416,15 +414,22 @@ def test_timeline_stub_and_bad_answers(lab, capsys, run):
     assert "answer a number" in _line(capsys)
 
 
-def test_the_recorded_run_is_labelled():
-    lines = recorded_timeline_summary()
+def test_the_recorded_run_has_several_ranks_and_their_collectives(run):
+    """The payload evidence is a run of several processes, whose collectives moved data: its
+    timelines have what the measured run has, its DDP and ZeRO-1 payloads are 2 and 3 x Ψ."""
     record = recorded_gather()
     if record is None:
-        assert lines == ["no recorded GPU run of distributed-memory in results/"]
-        return
-    assert lines[0].startswith(f"{record.label}: ") and "world size" in lines[0]
-    assert record.label.startswith("recorded on ")
-    assert len(lines) == 3  # ZeRO-2 and ZeRO-3
+        pytest.skip("no recorded CPU run of distributed-memory in results/")
+    res = record.value()
+    assert record.label.startswith("recorded on ") and res.world_size >= 2
+    assert res.backend == "gloo" and res.config["name"] == TIMELINE_RUN["model"].name
+    runs = {r.strategy: r for r in res.runs}
+    for strategy in ("zero3", "zero2"):
+        assert max(b for _, b in runs[strategy].gather_timeline) == \
+            max(b for _, b in run.timelines[strategy])
+    psi4 = 4 * res.parameters
+    assert runs["ddp"].ranks[0].comm_volume_bytes == 2 * psi4
+    assert runs["zero1"].ranks[0].comm_volume_bytes == 3 * psi4
 
 
 def test_gather_run_refuses_bad_input():

@@ -15,7 +15,8 @@ from memlab.labs.lab07 import (
     EVERY_K_CASES,
     FLOP_CASES,
     FLOP_RTOL,
-    MICRO_CASES,
+    MICRO_BUDGET_SHARE,
+    MICRO_JOB,
     PIECES,
     PLAN_CASES,
     counted_step_flops,
@@ -28,18 +29,20 @@ from memlab.labs.lab07 import (
     flop_slips,
     flops_by_terms,
     justification,
-    micro_case_args,
-    micro_peak,
+    largest_micro_batch,
+    micro_budget_bytes,
     micro_slips,
     plan_case_args,
     reference_every_k,
-    reference_micro_batch,
     reference_setup,
     reference_step_flops,
     saved_pieces,
     sentence_problem,
     setup_slips,
+    traced_micro_step,
+    whole_batch_step,
 )
+from memlab.measure.step import trace_step
 from memlab.memory.estimator import estimate
 from memlab.model.checkpoint import parse_checkpointing
 from memlab.units import to_unit
@@ -158,7 +161,7 @@ def test_flops_stub_and_bad_answers(lab, capsys):
     assert lab.check("7.1", backward_off).status == "not yet"
     line = _line(capsys)
     assert f"{len(FLOP_CASES)} of {len(FLOP_CASES)} cases not right" in line
-    assert "its forward is right, its backward is not" in line
+    assert "its forward is right, its backward is slightly too large" in line
 
 
 def test_the_counted_case_is_named_when_only_it_is_wrong(lab, capsys):
@@ -288,127 +291,78 @@ def test_every_k_stub_and_bad_answers(lab, capsys):
 # ------------------------------------------------- 7.3 micro-batch and accumulation
 
 
-def choose_micro_batch(model, global_batch, seq_len, budget_bytes, precision):  # reference
-    for m in range(global_batch, 0, -1):
-        if global_batch % m:
-            continue
-        accum = global_batch // m
-        peak = estimate(model, batch_size=m, seq_len=seq_len, precision=precision,
-                        grad_accum_steps=accum).peak_bytes
-        if peak <= budget_bytes:
-            return m, accum
-    return None
+def _reckoned(*, grads=True, fixed=True) -> int:
+    """The notebook's reasoning from the whole batch's traced step: the weights and AdamW's states
+    stay, the activations, temporaries and batch grow with the micro-batch, the accumulated
+    gradients come on top from the second micro-batch on."""
+    whole, budget, G = whole_batch_step(), micro_budget_bytes(), MICRO_JOB["global_batch"]
+    at = whole.phase_breakdown[whole.peak_phase]
+    stay = at["parameters"] + at["optimizer_states"] if fixed else 0
+    per_sequence = (whole.peak_bytes - stay) / G
+    return max(m for m in divisors(G) if stay + (whole.gradients_bytes if grads and m < G else 0)
+               + per_sequence * m <= budget)
 
 
-def _answers(fn=choose_micro_batch) -> dict:
-    return {c: fn(*micro_case_args(c).values()) for c in MICRO_CASES}
-
-
-def test_the_micro_cases_show_what_the_exercise_is_about():
-    expected = {c: reference_micro_batch(*micro_case_args(c).values()) for c in MICRO_CASES}
-    assert expected == _answers()
-    assert None in expected.values()  # one case no micro-batch fits
-    assert any(v is not None and v[1] == 1 for v in expected.values())  # the whole batch fits
-    assert any(v is not None and v[0] & (v[0] - 1) for v in expected.values())  # not a power of 2
-    # accumulation's gradient buffer changes the answer somewhere, including where nothing fits
-    changed = []
-    for c in MICRO_CASES:
-        a = micro_case_args(c)
-        no_buffer = next(((m, a["global_batch"] // m) for m in divisors(a["global_batch"])
-                          if micro_peak(a["model"], m, a["global_batch"], a["seq_len"],
-                                        a["precision"], accumulate=False) <= a["budget_bytes"]),
-                         None)
-        if no_buffer != expected[c]:
-            changed.append(expected[c])
-    assert len(changed) >= 2 and None in changed
+def test_the_traced_steps_are_what_the_exercise_says():
+    G = MICRO_JOB["global_batch"]
+    whole = whole_batch_step()
+    assert whole.setup["batch_size"] == G and whole.setup["grad_accum_steps"] == 1
+    assert whole == trace_step(MICRO_JOB["model"], batch_size=G, seq_len=MICRO_JOB["seq_len"],
+                               precision=MICRO_JOB["precision"])
+    assert micro_budget_bytes() == int(MICRO_BUDGET_SHARE * whole.peak_bytes)
+    m = largest_micro_batch()
+    assert m is not None and m & (m - 1)  # not a power of two
+    step = traced_micro_step(m)
+    assert step.setup["grad_accum_steps"] == G // m and step.mode == "traced"
+    # the accumulated gradients decide: the next larger divisor fits without them, not with them
+    bigger = traced_micro_step(divisors(G)[divisors(G).index(m) - 1])
+    at = bigger.phase_breakdown[bigger.peak_phase]
+    assert bigger.peak_bytes > micro_budget_bytes() >= bigger.peak_bytes - at["gradients"]
 
 
 def test_micro_correct(lab, capsys):
-    assert lab.check("7.3", choose_micro_batch).ok
-    assert lab.check("7.3", lambda *a: None if (r := choose_micro_batch(*a)) is None
-                     else [float(v) for v in r]).ok
+    assert _reckoned() == largest_micro_batch()  # the reasoning gives the traced answer
+    assert lab.check("7.3", largest_micro_batch()).ok
+    assert lab.check("7.3", float(largest_micro_batch())).ok
     capsys.readouterr()
 
 
-def _mistake(fn):
-    """A choose_micro_batch with the mistake a micro_slips hint names: its answer on each case."""
-    def mistaken(model, global_batch, seq_len, budget_bytes, precision):
-        return fn(model, global_batch, seq_len, budget_bytes, precision)
-    return mistaken
-
-
-def _search(candidates, accumulate=True, smallest=False, swap=False):
-    def fn(model, global_batch, seq_len, budget_bytes, precision):
-        pool = list(candidates(global_batch))
-        if smallest:
-            pool = pool[::-1]
-        for m in pool:
-            peak = micro_peak(model, m, global_batch, seq_len, precision, accumulate=accumulate)
-            if peak <= budget_bytes:
-                r = (m, -(-global_batch // m))
-                return r[::-1] if swap else r
-        return None
-    return fn
-
-
-@pytest.mark.parametrize(("fn", "words"), [
-    (_search(divisors, accumulate=False), "estimate with grad_accum_steps = global_batch"),
-    (_search(lambda g: [d for d in divisors(g) if d & (d - 1) == 0]), "not only powers of two"),
-    (_search(lambda g: range(g, 0, -1)), "the micro-batch must divide the global batch"),
-    (_search(divisors, smallest=True), "the largest micro-batch that fits, not the smallest"),
-    (_search(divisors, swap=True), "return (micro_batch, grad_accum), in that order"),
-])
-def test_micro_mistakes_get_their_hint(lab, capsys, fn, words):
-    assert lab.check("7.3", _mistake(fn)).status == "not yet"
-    assert words in _line(capsys)
+def test_micro_mistakes_get_their_hint(lab, capsys):
+    m = largest_micro_batch()
+    smaller = [d for d in divisors(MICRO_JOB["global_batch"]) if d < m]
+    for answer, words in [
+        (_reckoned(grads=False), "the earlier micro-batches' gradients stay alive"),
+        (_reckoned(grads=False, fixed=False), "the weights and AdamW's states stay whole"),
+        (max(d for d in smaller if d & (d - 1) == 0), "not only powers of two"),
+        (1, "the largest micro-batch that fits, not the smallest"),
+    ]:
+        assert answer != m
+        assert lab.check("7.3", answer).status == "not yet"
+        assert words in _line(capsys)
 
 
 def test_micro_slips_never_name_the_right_answer():
-    for c in MICRO_CASES:
-        args = micro_case_args(c).values()
-        values = [v for v, _ in micro_slips(*args)]
-        assert reference_micro_batch(*args) not in values
-        assert len(values) == len(set(values))
+    values = [v for v, _ in micro_slips()]
+    assert float(largest_micro_batch()) not in values and len(values) == len(set(values))
 
 
 def test_micro_other_answers(lab, capsys):
-    def stub(model, global_batch, seq_len, budget_bytes, precision):
-        """Not written yet."""
-
-    assert lab.check("7.3", stub).status == "not attempted"
+    assert lab.check("7.3", None).status == "not attempted"
     capsys.readouterr()
-
-    def never_none(*a):
-        return choose_micro_batch(*a) or (1, a[1])
-
-    assert lab.check("7.3", never_none).status == "not yet"
-    line = _line(capsys)
-    assert "not even a micro-batch of one sequence fits the budget: answer None" in line
-
-    def half(*a):
-        r = choose_micro_batch(*a)
-        return None if r is None or r[0] % 2 else (r[0] // 2, r[1] * 2)
-
-    assert lab.check("7.3", half).status == "not yet"
-    assert "a larger micro-batch fits too" in _line(capsys)
-
-    def too_big(*a):
-        r = choose_micro_batch(*a)
-        return (a[1], 1) if r is not None and r[1] > 1 else r
-
-    assert lab.check("7.3", too_big).status == "not yet"
+    G = MICRO_JOB["global_batch"]
+    assert lab.check("7.3", G).status == "not yet"
     assert "more than the budget" in _line(capsys)
-    assert lab.check("7.3", lambda *a: (a[1], 2)).status == "not yet"
-    assert "micro_batch x grad_accum must be the global batch" in _line(capsys)
-    assert lab.check("7.3", lambda *a: "eight").status == "not yet"
-    assert "return (micro_batch, grad_accum), two whole numbers, or None" in _line(capsys)
-    assert lab.check("7.3", lambda *a: (2.5, 4)).status == "not yet"
-    assert "two whole numbers" in _line(capsys)
+    assert lab.check("7.3", 5).status == "not yet"
+    assert "the micro-batch must divide the global batch" in _line(capsys)
+    assert lab.check("7.3", 2.5).status == "not yet"
+    assert "got 2.5" in _line(capsys)
+    assert lab.check("7.3", "three").status == "not yet"
+    assert "answer a micro-batch, a number of sequences, got str" in _line(capsys)
 
 
-def test_micro_peak_refuses_bad_input():
-    with pytest.raises(MemlabError, match="micro_batch must be a positive integer, got 0"):
-        micro_peak("gpt2", 0, 8, 128, "fp32")
+def test_micro_helpers_refuse_bad_input():
+    with pytest.raises(MemlabError, match="micro_batch must divide the global batch 12, got 5"):
+        traced_micro_step(5)
     with pytest.raises(MemlabError, match="n must be a positive integer, got -2"):
         divisors(-2)
 
@@ -511,7 +465,7 @@ def test_setup_mistakes_get_their_hint(lab, capsys, index, words):
                f"{r.step_s:.1f} seconds", "not the step's seconds"),
     (lambda r: f"{to_unit(r.per_gpu_peak_bytes, 'GiB'):.1f} per GPU, "
                f"{r.gpu_seconds:.1f} GPU-seconds", "name the peak's unit, GiB"),
-    (lambda r: "the cheapest", "give its per-GPU peak in GiB to one decimal"),
+    (lambda r: "the cheapest", "give its per-GPU peak in GiB, to one decimal"),
     (lambda r: 42, "the second value is a sentence (a string), got int"),
 ])
 def test_sentence_mistakes_get_their_hint(lab, capsys, sentence, words):
@@ -577,7 +531,7 @@ def test_pieces_and_terms_refuse_bad_input():
 
 
 def test_case_names_are_checked():
-    for fn in (flop_case_args, every_k_args, micro_case_args, plan_case_args):
+    for fn in (flop_case_args, every_k_args, plan_case_args):
         with pytest.raises(MemlabError, match="unknown case .no such case.; accepted: "):
             fn("no such case")
     with pytest.raises(MemlabError, match="k must be a positive integer, got 0"):

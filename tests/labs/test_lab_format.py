@@ -65,10 +65,38 @@ def test_correct_prints_one_line(lab, capsys):
     assert _line(capsys) == "✅ 1.1 correct" == str(result)
 
 
-def test_not_yet_gives_the_hint(lab, capsys):
+def test_not_yet_says_what_is_wrong_never_the_recipe(lab, capsys):
+    """The exercise's hint is the recipe: a wrong answer gets how far off it is instead."""
     result = lab.check("1.1", 1000)
     assert result.status == "not yet" and not result.ok
-    assert _line(capsys) == "❌ 1.1 not yet: an fp32 value takes 4 bytes"
+    assert _line(capsys) == "❌ 1.1 not yet: 4.0x too small"
+    for wrong, words in ((4400, "10% too large"), (4001, "slightly too large"), (0, "zero"),
+                         (-4000, "sign")):
+        assert words in str(lab.check("1.1", wrong))
+        assert "4 bytes" not in _line(capsys)
+
+
+def test_off_by_never_gives_the_number():
+    from memlab.labs.grader import off_by
+
+    assert off_by(32.0, 10.0) == "3.2x too large"
+    assert off_by(8.8, 10.0) == "12% too small"
+    assert off_by(10.01, 10.0) == "slightly too large"
+    assert off_by(float("nan"), 1.0) == "that is not a finite number"
+
+
+def test_reveal_waits_for_the_check(lab, capsys):
+    assert not lab.reveal("1.1")
+    assert _line(capsys) == "🔒 shown once 1.1 is correct"
+    lab.check("1.1", 4000)
+    capsys.readouterr()
+    assert lab.reveal("1.1")
+    assert capsys.readouterr().out == ""
+    from memlab.labs.grader import parse_check_line
+
+    assert parse_check_line("🔒 shown once 1.1 is correct") is None
+    with pytest.raises(MemlabError, match="unknown exercise"):
+        lab.reveal("9.9")
 
 
 @pytest.mark.parametrize("stub", [None, ..., [None, None], (None, ...), {"a": None}])
@@ -89,7 +117,7 @@ def test_wrong_type_in_a_custom_check(lab, capsys):
     assert result.status == "not yet"
     line = _line(capsys)
     assert line.startswith("❌ 2.1 not yet: could not check an answer of type str")
-    assert line.endswith("count the bytes")
+    assert "count the bytes" not in line  # the exercise's hint is never printed
 
 
 def test_exact_comparison(lab):
@@ -131,7 +159,8 @@ def test_unit_mix_ups_are_named(lab, capsys):
 
 def test_hints_stay_on_one_line(capsys):
     lab = Lab("t")
-    lab.exercise("a", "x", expected=lambda: 1, hint="first line\nsecond line")
+    lab.exercise("a", "x", check=lambda answer: (answer == 1, "first line\nsecond line"),
+                 hint="the recipe")
     assert str(lab.check("a", 2)) == "❌ a not yet: first line second line"
     _line(capsys)
 
@@ -139,9 +168,7 @@ def test_hints_stay_on_one_line(capsys):
 def test_context_reaches_the_check_and_expected(lab, capsys):
     assert lab.check("2.1", 3072, measured=3072).ok
     result = lab.check("2.1", 4096, measured=3072)
-    assert (
-        str(result) == "❌ 2.1 not yet: more than 1% away from the measured size; count the bytes"
-    )
+    assert str(result) == "❌ 2.1 not yet: more than 1% away from the measured size"
     assert lab.check("2.1", 3072, measured=None).status == "not attempted"
 
     other = Lab("ctx")

@@ -7,8 +7,7 @@ that every expected value is computed by memlab at check time::
 
     lab = define_lab("lab00", "Measure one training step")
     lab.exercise("1.1", "bytes of the fp32 parameters",
-                 expected=lambda: 4 * get_config("tiny").num_parameters(),
-                 hint="an fp32 value takes 4 bytes")
+                 expected=lambda: 4 * get_config("tiny").num_parameters())
 
 A notebook then does::
 
@@ -19,7 +18,11 @@ A notebook then does::
     ### END SOLUTION
     lab.check("1.1", answer)
 
-and the check prints one line: ``correct``, ``not yet`` (with a hint) or ``not attempted``.
+and the check prints one line: ``correct``, ``not yet`` or ``not attempted``. A ``not yet``
+says what is wrong: the hint of the slip the answer matches (:func:`named_slip`, computed from
+the numbers the check compares with), else how far off it is (:func:`off_by`), never the
+exercise's recipe. A cell after a check that shows the checked numbers runs under
+:meth:`Lab.reveal`, so that it shows them only once the check has passed.
 
 :func:`strip_solutions` turns an instructor notebook into the student version: the code
 between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` becomes ``# YOUR CODE HERE``
@@ -84,6 +87,8 @@ class Exercise:
     ``None`` when the answer is still a stub; a check that takes ``rtol`` gets the exercise's.
     ``dimensionless``: the answer is a ratio or a share, so a wrong one is never blamed on
     units (bytes, GiB, GB): a factor such as 2^20/10^6 = 1.049 would only be a coincidence.
+    ``hint``: the instructor's note on how the exercise is solved. A check never prints it: a
+    wrong answer gets the hint of the slip it made (from ``check``), or what is wrong with it.
     """
 
     id: str
@@ -229,6 +234,17 @@ class Lab:
         result = self.results.get(exercise_id)
         return result is not None and result.ok
 
+    def reveal(self, exercise_id: str) -> bool:
+        """True once the exercise's check has passed; else print that what follows waits (chapter: labs).
+
+        A cell after a check that shows the numbers the check compares with runs under
+        ``if lab.reveal(id):``, so that it never shows the answer before the learner has found it.
+        """
+        if self.passed(exercise_id):
+            return True
+        print(f"🔒 shown once {exercise_id} is correct")
+        return False
+
     def check(self, exercise_id: str, answer: Any, **context: Any) -> CheckResult:
         """Check an answer, print one line (correct / not yet / not attempted) and return it (chapter: labs)."""
         ex = self.get(exercise_id)
@@ -344,12 +360,12 @@ def _call_with_context(fn: Callable[..., Any], args: tuple, context: Mapping[str
 
 
 def _judge(ex: Exercise, answer: Any, context: Mapping[str, Any]) -> tuple[str, str]:
+    """The status of an answer and what is wrong with it; the exercise's ``hint`` is never shown."""
     if _is_blank(answer):
         return NOT_ATTEMPTED, "replace None with your answer"
     blank = [k for k, v in context.items() if _is_blank(v)]
     if blank:
         return NOT_ATTEMPTED, f"{', '.join(blank)} is None: fill in the cell that sets it"
-    hint = one_line(ex.hint)
     expected = _call_with_context(ex.expected, (), context) if ex.expected is not None else None
     if ex.check is not None:
         extra = {"rtol": ex.rtol, **context}
@@ -359,22 +375,43 @@ def _judge(ex: Exercise, answer: Any, context: Mapping[str, Any]) -> tuple[str, 
         try:
             verdict = _call_with_context(ex.check, (answer,), extra)
         except Exception as exc:
-            return NOT_YET, _join(
-                f"could not check an answer of type {type(answer).__name__} "
-                f"({type(exc).__name__}: {one_line(exc)})",
-                hint,
-            )
+            return NOT_YET, (f"could not check an answer of type {type(answer).__name__} "
+                             f"({type(exc).__name__}: {one_line(exc)})")
         if verdict is None:
             return NOT_ATTEMPTED, "replace None with your answer"
         ok, why = verdict if isinstance(verdict, tuple) else (verdict, "")
-        return (CORRECT, "") if ok else (NOT_YET, _join(one_line(why or ""), hint))
+        return (CORRECT, "") if ok else (NOT_YET, _join(one_line(why or "")))
     ok, why = _compare(answer, expected, float(ex.rtol), units=not ex.dimensionless)
-    return (CORRECT, "") if ok else (NOT_YET, _join(why, hint))
+    return (CORRECT, "") if ok else (NOT_YET, _join(why))
 
 
 def _join(*parts: str) -> str:
     text = "; ".join(p for p in parts if p)
     return text or "that is not the expected answer"
+
+
+def off_by(got: float, expected: float) -> str:
+    """How far a wrong number is from the right one, without giving it (chapter: labs).
+
+    ``'3.2x too large'``, ``'12% too small'``, ``'slightly too large'``; a wrong sign or a zero
+    is named as such.
+    """
+    if not (math.isfinite(got) and math.isfinite(expected)):
+        return "that is not a finite number" if not math.isfinite(got) else ""
+    if expected == 0:
+        return "too large" if got > 0 else "too small"
+    if got == 0:
+        return "that is zero"
+    if (got < 0) != (expected < 0):
+        return "the sign is wrong"
+    ratio = got / expected
+    word = "large" if abs(got) > abs(expected) else "small"
+    factor = max(ratio, 1 / ratio)
+    if factor >= 2:
+        return f"{factor:.1f}x too {word}"
+    share = abs(ratio - 1) if word == "large" else 1 - ratio
+    pct = round(100 * share)
+    return f"{pct}% too {word}" if pct >= 1 else f"slightly too {word}"
 
 
 def _plain(value: Any) -> Any:
@@ -448,7 +485,8 @@ def check_each_key(answer: Any, keys: Iterable[str], name: str,
     return False, (f"{len(wrong)} of {len(keys)} not right: " if counted else "") + "; ".join(wrong)
 
 
-def number_problem(value: Any, expected: float, *, fallback: str, ask: str = "a number",
+def number_problem(value: Any, expected: float, *, fallback: str | None = None,
+                   ask: str = "a number",
                    rtol: float | None = None, slips: Iterable | Callable[[], Iterable] = (),
                    slip_rtol: float | None = None) -> str:
     """Why a numeric answer is not ``expected``, or '' when it is (chapter: labs).
@@ -456,7 +494,8 @@ def number_problem(value: Any, expected: float, *, fallback: str, ask: str = "a 
     Right is equal to ``expected`` when ``rtol`` is None, else within ``rtol`` of it
     (:func:`close_to`). A value that is not a number gets ``"answer " + ask``; a wrong one the
     hint of the slip it matches (:func:`named_slip`, within ``slip_rtol``, by default ``rtol`` or 0),
-    else ``fallback``. ``slips`` may be a function, called only for a wrong answer.
+    else ``fallback``, by default how far off it is (:func:`off_by`). ``slips`` may be a function,
+    called only for a wrong answer.
     """
     got = answer_number(value)
     if got is None:
@@ -464,7 +503,8 @@ def number_problem(value: Any, expected: float, *, fallback: str, ask: str = "a 
     if got == expected if rtol is None else close_to(got, expected, rtol):
         return ""
     slips = slips() if callable(slips) else slips
-    return named_slip(got, slips, (rtol or 0.0) if slip_rtol is None else slip_rtol) or fallback
+    return (named_slip(got, slips, (rtol or 0.0) if slip_rtol is None else slip_rtol)
+            or (off_by(got, expected) if fallback is None else fallback))
 
 
 def answer_tensor(value: Any):
@@ -540,7 +580,7 @@ def _compare(answer: Any, expected: Any, rtol: float, units: bool = True) -> tup
             return False, ""
         if rtol > 0 and abs(a - e) <= rtol * abs(e):
             return True, ""
-        return False, _unit_hint(a, e, rtol) if units else ""
+        return False, (_unit_hint(a, e, rtol) if units else "") or off_by(a, e)
     if isinstance(expected, str):
         if not isinstance(answer, str):
             return False, f"expected a string, got {type(answer).__name__} {_show(answer)}"

@@ -8,7 +8,8 @@ bytes measured with :func:`memlab.attention.memory.saved_bytes`; KV-cache bytes 
 quality side of exercise 4.4 is measured in milliseconds on a stand-in attention layer whose key
 and value heads are mean-pooled into groups, as the GQA paper converts a checkpoint. Each hint
 names one mistake and fires only on the answer that mistake gives, computed from the same numbers
-the check compares with.
+the check compares with; a wrong answer no slip explains is told how far off it is, never the
+recipe. The notebook imports none of the functions a check compares with.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from memlab.labs.grader import (
     merged_slips,
     named_slip,
     number_problem,
+    off_by,
     one_line,
 )
 from memlab.memory.estimator import DTYPE_BYTES
@@ -345,8 +347,7 @@ def check_saved_bytes(answer):
     if got == expected:
         return True
     hint = named_slip(got, saved_bytes_slips(expected, **SAVED_SHAPE), 1e-9)
-    return False, hint or ("read naive_attention line by line: what does each operation's "
-                           "backward need?")
+    return False, hint or off_by(got, expected)
 
 
 # ------------------------------------------------------------------ 4.3 the KV cache
@@ -401,9 +402,7 @@ def check_kv_per_token(answer):
         case = KV_CASES[key]
         expected = kv_bytes_per_token(case["model"], case["kv_precision"])
         return number_problem(value, expected, slips=lambda: kv_per_token_slips(key, expected),
-                              slip_rtol=1e-9, ask="a number of bytes",
-                              fallback="2 (K and V) x layers x KV heads x head size x bytes per "
-                                       "value")
+                              slip_rtol=1e-9, ask="a number of bytes")
 
     return check_each_key(answer, KV_CASES, "KV_CASES", problem)
 
@@ -447,8 +446,8 @@ def check_context(answer):
         return False, "round down to a whole number of tokens: a token's K and V fit or not"
     if got == expected + 1:
         return False, "round down: with one token more per sequence the cache no longer fits"
-    return False, named_slip(got, context_slips(expected), CONTEXT_SLIP_RTOL) or (
-        "(usable memory - weights) / (batch size x KV bytes per token), rounded down")
+    return False, named_slip(got, context_slips(expected), CONTEXT_SLIP_RTOL) or off_by(got,
+                                                                                      expected)
 
 
 # -------------------------------------------------- 4.4 grouped-query attention
@@ -578,8 +577,8 @@ def check_n_kv_head(answer):
         return True
     row = next(r for r in table if r.n_kv_head == n)
     if row.cache_bytes <= budget:
-        return False, (f"n_kv_head={n} fits, but so does n_kv_head={best}, whose error is "
-                       "smaller: the more KV heads, the less pooling loses")
+        return False, (f"n_kv_head={n} fits, but a choice with a smaller error fits too: the "
+                       "more KV heads, the less pooling loses")
     slip = n_kv_head_slips(table, budget).get(n, "")
     over = f"n_kv_head={n} needs {row.cache_bytes:,} bytes of cache, more than the budget of {budget:,}"
     if n == choices[-1] and not slip:
@@ -595,32 +594,26 @@ lab.exercise(
     "softmax on the whole row and memlab's update, block by block",
     check=check_online_softmax,
     rtol=SOFTMAX_RTOL,
-    hint="m_new = max(m, the block's max); alpha = exp(m - m_new); l_new = alpha * l + the sum "
-    "of exp(x_block - m_new) over the block",
 )
 lab.exercise(
     "4.2",
     "bytes naive attention saves for backward at SAVED_SHAPE, measured with saved_bytes",
     check=check_saved_bytes,
-    hint="list what each operation of naive_attention keeps for its backward, in its dtype",
 )
 lab.exercise(
     "4.3a",
     "KV-cache bytes per token of each case of KV_CASES",
     check=check_kv_per_token,
-    hint="answer a dict with the keys of KV_CASES, in bytes",
 )
 lab.exercise(
     "4.3b",
     "the longest context whose KV cache fits what the weights leave of the GPU's usable memory",
     check=check_context,
     dimensionless=True,
-    hint="a number of tokens per sequence, a whole number",
 )
 lab.exercise(
     "4.4",
     "the n_kv_head whose KV cache fits the budget with the smallest output error",
     check=check_n_kv_head,
     dimensionless=True,
-    hint="among the n_kv_head whose cache fits, take the smallest error",
 )

@@ -1,15 +1,17 @@
 """Lab 7, "Trading compute for memory": a training step's FLOPs from its config, what
-checkpointing every k-th block saves and costs, the micro-batch that fits a memory budget, and
-the set-up a memory planner says is cheapest.
+checkpointing every k-th block saves and costs, the micro-batch whose traced peak fits a memory
+budget, and the set-up a memory planner says is cheapest.
 
 Every expected value is computed at check time, never typed in: the FLOPs with
 :func:`memlab.compute.flops.step_flops` and, for one small case, PyTorch's ``FlopCounterMode``
 itself (:func:`memlab.measure.step.trace_step` with ``count_flops=True``); the saved bytes with
 :func:`memlab.memory.estimator.estimate` and the recomputed FLOPs with ``step_flops``'s
-``recompute`` (PyTorch's early stop on); the micro-batch with ``estimate``'s peak at each
-divisor of the global batch; the set-up with :func:`memlab.compute.plan.plan_training`. Each
-hint names one mistake and fires only on the answer that mistake gives, computed from the same
-numbers the check compares with.
+``recompute`` (PyTorch's early stop on); the micro-batch from the peak of each micro-batch's
+step with its accumulation, traced by ``trace_step``; the set-up with
+:func:`memlab.compute.plan.plan_training`. Each hint names one mistake and fires only on the
+answer that mistake gives, computed from the same numbers the check compares with; a wrong answer
+no slip explains is told what is wrong with it, never the recipe. The notebook imports none of the
+functions a check compares with.
 """
 
 from __future__ import annotations
@@ -22,9 +24,16 @@ from collections.abc import Callable, Mapping, Sequence
 from memlab.compute.flops import ATTENTION_BACKWARD, matmul_parameters, step_flops
 from memlab.compute.plan import MemoryPlan, PlanRow, plan_training
 from memlab.errors import MemlabError, check_choice, check_positive_int
-from memlab.gpus import get_gpu
-from memlab.labs.grader import answer_number, call_learner, close_to, define_lab, one_line
-from memlab.measure.step import trace_step
+from memlab.labs.grader import (
+    answer_number,
+    call_learner,
+    close_to,
+    define_lab,
+    merged_slips,
+    named_slip,
+    off_by,
+)
+from memlab.measure.step import StepMemory, trace_step
 from memlab.memory.activations import saved_tensors
 from memlab.memory.estimator import estimate
 from memlab.model.config import PRECISIONS, ModelConfig, get_config
@@ -58,21 +67,13 @@ EVERY_K_CASES = {
 }
 PIECES = ("block", "block input", "outside the blocks")  # the keys of saved_pieces
 
-# Exercise 7.3: a global batch of sequences per optimizer step, split into micro-batches that
-# fit a GPU's usable memory (the estimate's defaults otherwise: AdamW, no checkpointing).
-MICRO_CASES = {
-    "gpt2, 24 x 1024, fp32, L4": dict(model="gpt2", global_batch=24, seq_len=1024,
-                                      precision="fp32", gpu="L4"),
-    "gpt2, 24 x 512, bf16-mixed, A100-40GB": dict(model="gpt2", global_batch=24, seq_len=512,
-                                                  precision="bf16-mixed", gpu="A100-40GB"),
-    "llama-1b, 24 x 1024, bf16-mixed, A100-40GB": dict(model="llama-1b", global_batch=24,
-                                                       seq_len=1024, precision="bf16-mixed",
-                                                       gpu="A100-40GB"),
-    "gpt2, 48 x 1024, bf16, L4": dict(model="gpt2", global_batch=48, seq_len=1024,
-                                      precision="bf16", gpu="L4"),
-    "llama-1b, 24 x 2048, bf16-mixed, L4": dict(model="llama-1b", global_batch=24, seq_len=2048,
-                                                precision="bf16-mixed", gpu="L4"),
-}
+# Exercise 7.3: a global batch of sequences per optimizer step, run as micro-batches whose
+# gradients accumulate (fp32, AdamW, no checkpointing). The notebook shows the whole batch's step,
+# traced; the answer is the largest micro-batch dividing the global batch whose step, with its
+# accumulation, has a traced peak within the budget: MICRO_BUDGET_SHARE of the whole step's
+# peak, where the accumulated gradients decide, and the answer is not a power of two.
+MICRO_JOB = dict(model="tiny", global_batch=12, seq_len=64, precision="fp32")
+MICRO_BUDGET_SHARE = 0.43
 
 # Exercise 7.4: small planner calls (few GPU counts), and the most GPUs a set-up may use.
 PLAN_GPU_COUNTS = (1, 2, 4, 8)
@@ -239,11 +240,12 @@ def _same_pair(a, b, rtol: float = FLOP_RTOL) -> bool:
 def _which_wrong(got: tuple[float, float], expected: tuple[int, int], rtol: float,
                  names: tuple[str, str]) -> str:
     ok = [close_to(g, e, rtol) for g, e in zip(got, expected, strict=True)]
+    off = [off_by(g, e) for g, e in zip(got, expected, strict=True)]
     if ok[0] and not ok[1]:
-        return f"its {names[0]} is right, its {names[1]} is not"
+        return f"its {names[0]} is right, its {names[1]} is {off[1]}"
     if ok[1] and not ok[0]:
-        return f"its {names[1]} is right, its {names[0]} is not"
-    return f"neither its {names[0]} nor its {names[1]} is right"
+        return f"its {names[1]} is right, its {names[0]} is {off[0]}"
+    return f"its {names[0]} is {off[0]}, its {names[1]} {off[1]}"
 
 
 def check_step_flops(answer, rtol: float = FLOP_RTOL):
@@ -441,40 +443,15 @@ def check_every_k(answer, rtol: float = FLOP_RTOL):
                                             ("extra FLOPs", every_k_flop_slips(), rtol))):
         if wrong[i]:
             hint = _best_slip(wrong[i], slips, lambda a, b, tol=tol: close_to(a, b, tol))
-            parts.append(f"the {name} are not right in {len(wrong[i])} case(s)"
-                         + (f" ({hint})" if hint else ""))
+            if not hint:
+                args, got = wrong[i][0]
+                hint = f"the first {off_by(got, reference_every_k(**args)[i])}"
+            parts.append(f"the {name} are not right in {len(wrong[i])} case(s) ({hint})")
     return False, (f"{n_wrong} of {len(EVERY_K_CASES)} cases not right, the first "
                    f"{first[0]!r}: " + "; ".join(parts))
 
 
 # ------------------------------------------------- 7.3 micro-batch and accumulation
-
-
-def micro_case_args(case: str) -> dict:
-    """The arguments exercise 7.3 passes for one case of :data:`MICRO_CASES` (chapter: 7).
-
-    model, global_batch, seq_len, budget_bytes, precision.
-    """
-    check_choice("case", case, MICRO_CASES)
-    c = MICRO_CASES[case]
-    return dict(model=c["model"], global_batch=c["global_batch"], seq_len=c["seq_len"],
-                budget_bytes=get_gpu(c["gpu"]).usable_bytes, precision=c["precision"])
-
-
-def micro_peak(model: ModelConfig | str, micro_batch: int, global_batch: int, seq_len: int,
-               precision: str, *, accumulate: bool = True) -> int:
-    """Estimated peak bytes of a step of ``micro_batch`` sequences (chapter: 7).
-
-    With global_batch // micro_batch accumulation steps.
-
-    ``accumulate=False`` estimates one micro-batch as if it were the whole step (no gradients
-    kept between micro-batches): a slip, kept for the hints and for comparison.
-    """
-    check_positive_int("micro_batch", micro_batch)
-    check_positive_int("global_batch", global_batch)
-    steps = max(1, global_batch // micro_batch) if accumulate else 1
-    return estimate(model, batch_size=micro_batch, seq_len=seq_len, precision=precision,
-                    grad_accum_steps=steps).peak_bytes
 
 
 def divisors(n: int) -> list[int]:
@@ -483,119 +460,97 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(n, 0, -1) if n % d == 0]
 
 
-def reference_micro_batch(model: ModelConfig | str, global_batch: int, seq_len: int,
-                          budget_bytes: int, precision: str) -> tuple[int, int] | None:
-    """(micro_batch, grad_accum) of the largest micro-batch that fits, or None (chapter: 7).
+@functools.cache
+def traced_micro_step(micro_batch: int) -> StepMemory:
+    """:data:`MICRO_JOB`'s step as micro-batches of ``micro_batch`` sequences, traced (chapter: 7).
 
-    micro_batch is the largest divisor of the global batch whose estimated peak fits the budget.
+    With global_batch // micro_batch accumulation steps; on fake tensors.
     """
-    for m in divisors(global_batch):
-        if micro_peak(model, m, global_batch, seq_len, precision) <= budget_bytes:
-            return m, global_batch // m
-    return None
+    G = MICRO_JOB["global_batch"]
+    if micro_batch not in divisors(G):
+        raise MemlabError(f"micro_batch must divide the global batch {G}, got {micro_batch!r}; "
+                          f"accepted: {', '.join(map(str, divisors(G)))}")
+    return trace_step(MICRO_JOB["model"], batch_size=micro_batch, seq_len=MICRO_JOB["seq_len"],
+                      precision=MICRO_JOB["precision"], grad_accum_steps=G // micro_batch)
 
 
-def _largest_fit(model, global_batch, seq_len, budget_bytes, precision, candidates,
-                 accumulate=True) -> tuple[int, int] | None:
-    for m in candidates:
-        if micro_peak(model, m, global_batch, seq_len, precision, accumulate=accumulate) \
-                <= budget_bytes:
-            return m, -(-global_batch // m)
-    return None
+def whole_batch_step() -> StepMemory:
+    """The step exercise 7.3 shows: the whole global batch at once, no accumulation (chapter: 7)."""
+    return traced_micro_step(MICRO_JOB["global_batch"])
 
 
-def micro_slips(model, global_batch, seq_len, budget_bytes, precision) -> list[tuple[object, str]]:
-    """The answers typical mistakes give for one case of exercise 7.3 (chapter: 7).
+def micro_budget_bytes() -> int:
+    """The budget of exercise 7.3: :data:`MICRO_BUDGET_SHARE` of the whole step's peak (chapter: 7)."""
+    return int(MICRO_BUDGET_SHARE * whole_batch_step().peak_bytes)
 
-    Each comes with its hint; none equal the right one.
+
+def largest_micro_batch(budget: int | None = None) -> int | None:
+    """The largest micro-batch dividing the global batch whose traced peak fits (chapter: 7).
+
+    ``budget`` defaults to :func:`micro_budget_bytes`; None when not even one sequence fits.
     """
-    args = (model, global_batch, seq_len, budget_bytes, precision)
-    ds = divisors(global_batch)
-    expected = reference_micro_batch(*args)
+    budget = micro_budget_bytes() if budget is None else budget
+    return next((m for m in divisors(MICRO_JOB["global_batch"])
+                 if traced_micro_step(m).peak_bytes <= budget), None)
+
+
+def micro_slips() -> list[tuple[float, str]]:
+    """The answers typical reckonings give for exercise 7.3, each with its hint (chapter: 7).
+
+    Each reckons a micro-batch's peak from the whole step's trace in its own wrong way, or
+    searches the traced peaks wrongly; none equals the right answer.
+    """
+    whole, budget = whole_batch_step(), micro_budget_bytes()
+    G = MICRO_JOB["global_batch"]
+    at = whole.phase_breakdown[whole.peak_phase]
+    fixed = at["parameters"] + at["optimizer_states"]
+    per_sequence = (whole.peak_bytes - fixed) / G
+    ds = divisors(G)
+
+    def largest(fits, candidates=ds) -> int | None:
+        return next((m for m in candidates if fits(m)), None)
+
+    expected = largest_micro_batch(budget)
     picks = [
-        (_largest_fit(*args, ds, accumulate=False),
-         "estimate with grad_accum_steps = global_batch // micro_batch: while gradients "
-         "accumulate, the earlier micro-batches' gradients stay alive through the next forward "
-         "and backward"),
-        (_largest_fit(*args, [d for d in ds if d & (d - 1) == 0]),
+        (largest(lambda m: fixed + per_sequence * m <= budget),
+         "while gradients accumulate, the earlier micro-batches' gradients stay alive through "
+         "the next forward and backward passes: they are on top of the micro-batch's "
+         "activations"),
+        (largest(lambda m: whole.peak_bytes * m / G <= budget),
+         "only the activations and temporaries shrink with the micro-batch: the weights and "
+         "AdamW's states stay whole"),
+        (largest(lambda m: traced_micro_step(m).peak_bytes <= budget,
+                 [d for d in ds if d & (d - 1) == 0]),
          "any divisor of the global batch will do, not only powers of two"),
-        (_largest_fit(*args, range(global_batch, 0, -1)),
-         "the micro-batch must divide the global batch, so that micro_batch x grad_accum is the "
-         "global batch"),
-        (next(((m, global_batch // m) for m in reversed(ds)
-               if micro_peak(model, m, global_batch, seq_len, precision) <= budget_bytes), None),
+        (next((m for m in reversed(ds) if traced_micro_step(m).peak_bytes <= budget), None),
          "the largest micro-batch that fits, not the smallest: fewer, larger micro-batches keep "
          "the GPU busier for the same global batch"),
-        (None if expected is None else expected[::-1],
-         "return (micro_batch, grad_accum), in that order"),
     ]
-    out: list[tuple[object, str]] = []
-    for value, hint in picks:
-        if value == expected:
-            continue
-        same = next((i for i, (v, _) in enumerate(out) if v == value), None)
-        if same is None:
-            out.append((value, hint))
-        elif hint not in out[same][1]:
-            out[same] = (value, f"{out[same][1]}; or {hint}")
-    return out
-
-
-def _micro_answer(value) -> tuple[int, int] | None | str:
-    """A (micro_batch, grad_accum) answer as two ints, None, or '' when it is neither."""
-    if value is None:
-        return None
-    pair = _pair(value)
-    if pair is None or any(v != int(v) for v in pair):
-        return ""
-    return int(pair[0]), int(pair[1])
-
-
-def _micro_why(got: tuple[int, int] | None, expected: tuple[int, int] | None, args: Mapping) -> str:
-    """Why ``got`` is not the answer of one case of :data:`MICRO_CASES`, when no slip names it."""
-    if got is None:
-        return "you answered None, but a micro-batch fits"
-    if expected is None:
-        return ("not even a micro-batch of one sequence fits the budget: answer None")
-    m, accum = got
-    G = args["global_batch"]
-    if m < 1 or m * accum != G:
-        return "micro_batch x grad_accum must be the global batch"
-    peak = micro_peak(args["model"], m, G, args["seq_len"], args["precision"])
-    if peak > args["budget_bytes"]:
-        return (f"at micro-batch {m} the estimated peak is {peak:,} bytes, more than the budget "
-                f"of {args['budget_bytes']:,}")
-    return "a larger micro-batch fits too: answer the largest"
+    return merged_slips([(-1.0 if m is None else float(m), hint) for m, hint in picks
+                         if m != expected])
 
 
 def check_micro_batch(answer):
-    """Check a choose_micro_batch function on :data:`MICRO_CASES` (chapter: 7).
-
-    Its signature is choose_micro_batch(model, global_batch, seq_len, budget_bytes, precision).
-    """
-    if not callable(answer):
-        return False, f"answer the function choose_micro_batch itself, got {type(answer).__name__}"
-    results, verdict = _answers(answer, MICRO_CASES, micro_case_args, "choose_micro_batch")
-    if verdict is not ...:
-        return verdict
-    wrong = []
-    for case, out in results.items():
-        args = micro_case_args(case)
-        got = _micro_answer(out)
-        if got == "":
-            return False, (f"choose_micro_batch on {case!r} returned {one_line(repr(out))[:40]}: "
-                           "return (micro_batch, grad_accum), two whole numbers, or None")
-        expected = reference_micro_batch(*args.values())
-        if got == expected:
-            continue
-        hint = next((h for v, h in micro_slips(*args.values()) if v == got), "")
-        if expected is None:  # a slip may explain it, or a search that never answers None
-            why = _micro_why(got, expected, args)
-            hint = why + (f"; if your estimate said it fits: {hint}" if hint else "")
-        wrong.append(f"{case!r}: {hint or _micro_why(got, expected, args)}")
-    if not wrong:
+    """Check the predicted largest micro-batch whose traced step fits the budget (chapter: 7)."""
+    got = answer_number(answer)
+    if got is None:
+        return False, f"answer a micro-batch, a number of sequences, got {type(answer).__name__}"
+    G = MICRO_JOB["global_batch"]
+    if got != int(got) or int(got) not in divisors(G):
+        return False, (f"the micro-batch must divide the global batch ({G}) so that micro-batch "
+                       f"x accumulation steps is the global batch; got {got:g}")
+    m, budget = int(got), micro_budget_bytes()
+    expected = largest_micro_batch(budget)
+    if m == expected:
         return True
-    return False, f"{len(wrong)} of {len(MICRO_CASES)} not right: " + "; ".join(wrong)
+    hint = named_slip(float(m), micro_slips(), 1e-12)
+    peak = traced_micro_step(m).peak_bytes
+    if peak > budget:
+        why = (f"at micro-batch {m} the traced peak is {peak:,} bytes, more than the budget of "
+               f"{budget:,}")
+    else:
+        why = f"micro-batch {m} fits, but a larger one fits too"
+    return False, why + (f": {hint}" if hint else "")
 
 
 # ----------------------------------------------------------------- 7.4 the planner
@@ -701,8 +656,7 @@ def sentence_problem(sentence, row: PlanRow) -> str:
         if said(to_unit(row.per_gpu_peak_bytes, "GB")):
             problems.append("give the per-GPU peak in GiB (2^30 bytes), not GB")
         else:
-            problems.append("give its per-GPU peak in GiB to one decimal (per_gpu_peak_bytes "
-                            "/ 2**30)")
+            problems.append("give its per-GPU peak in GiB, to one decimal")
     elif "GiB" not in sentence:
         problems.append("name the peak's unit, GiB")
     if not said(row.gpu_seconds):
@@ -710,8 +664,7 @@ def sentence_problem(sentence, row: PlanRow) -> str:
             problems.append("give its GPU-seconds (gpus x step_s, gpu_seconds), not the step's "
                             "seconds")
         else:
-            problems.append("give its estimated GPU-seconds per step to one decimal "
-                            "(gpu_seconds)")
+            problems.append("give its estimated GPU-seconds per step, to one decimal")
     return "; ".join(problems)
 
 
@@ -764,8 +717,6 @@ lab.exercise(
     "(forward, backward) FLOPs as PyTorch's FlopCounterMode counts them",
     check=check_step_flops,
     rtol=FLOP_RTOL,
-    hint="forward: 2 FLOPs per multiply-add of every matmul (the blocks' linears, the head, "
-         "attention's two); backward: twice the linears, 2.5 times SDPA's attention",
 )
 lab.exercise(
     "7.2",
@@ -773,18 +724,13 @@ lab.exercise(
     "activation bytes and the recomputed FLOPs of checkpointing every k-th block",
     check=check_every_k,
     rtol=FLOP_RTOL,
-    hint="ceil(L / k) blocks keep their input and run their forward again, less their last "
-         "matmul; the other blocks keep their full list",
 )
 lab.exercise(
     "7.3",
-    "a choose_micro_batch(model, global_batch, seq_len, budget_bytes, precision) function: the "
-    "largest micro-batch dividing the global batch whose estimated peak fits, with its "
-    "accumulation steps, or None",
+    "the largest micro-batch dividing the global batch whose step, with its gradient "
+    "accumulation, has a traced peak within the budget, predicted from the whole batch's step",
     check=check_micro_batch,
     dimensionless=True,
-    hint="estimate(model, batch_size=m, seq_len=seq_len, precision=precision, "
-         "grad_accum_steps=global_batch // m).peak_bytes against budget_bytes, largest m first",
 )
 lab.exercise(
     "7.4",
@@ -792,6 +738,4 @@ lab.exercise(
     "max_gpus GPUs, and a sentence giving its per-GPU peak in GiB and its GPU-seconds",
     check=check_setup,
     dimensionless=True,
-    hint="the plan's rows are cheapest first: the first with trains == 'full' and gpus <= "
-         "max_gpus; per_gpu_peak_bytes / 2**30 and gpu_seconds, to one decimal",
 )
