@@ -271,6 +271,7 @@ def test_smallest_values(lab, capsys):
     assert lab.check("2.3a", {"min_subnormal": s.min_subnormal, "min_normal": s.min_normal}).ok
     swapped = {"min_subnormal": s.min_normal, "min_normal": s.min_subnormal}
     assert lab.check("2.3a", swapped).status == "not yet"
+    assert "swapped" in lab.check("2.3a", swapped).message
     assert lab.check("2.3a", {"min_subnormal": None, "min_normal": None}).status == "not attempted"
     lines = capsys.readouterr().out.splitlines()
     assert "min_subnormal" in lines[1] and "bias" not in lines[1]  # never the recipe

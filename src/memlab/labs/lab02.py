@@ -12,7 +12,8 @@ import math
 
 import torch
 
-from memlab.labs.grader import answer_number, check_each_key, close_to, define_lab, named_slip
+from memlab.labs.grader import (answer_number, check_each_key, close_to, define_lab, named_slip,
+                                number_problem)
 from memlab.precision.formats import decode, round_to, spec, value_kind
 
 # Exercise 2.1: bit patterns to decode by hand, as (format, bit string).
@@ -329,12 +330,26 @@ lab.exercise(
     check=check_predictions,
     hint="answer a dict with the keys of CASES and numbers as values (float('inf') for infinity)",
 )
+def extremes_slips(key: str) -> list[tuple[float, str]]:
+    """Typical wrong values of fp16's smallest subnormal and normal, each computed (chapter: 2)."""
+    f = spec(GRAD_FORMAT)
+    other = {"min_subnormal": f.min_normal, "min_normal": f.min_subnormal}[key]
+    return [(other, "the two are swapped: the subnormals lie below the smallest normal")]
+
+
+def check_extremes(answer):
+    """2.3a: each of the two smallest values, a swap named as such (chapter: 2)."""
+    f = spec(GRAD_FORMAT)
+    right = {"min_subnormal": f.min_subnormal, "min_normal": f.min_normal}
+    return check_each_key(answer, right, "the smallest values", lambda key, value: number_problem(
+        value, right[key], rtol=1e-9, slips=lambda: extremes_slips(key)))
+
+
 lab.exercise(
     "2.3a",
     "fp16's smallest positive value (min_subnormal) and smallest normal value (min_normal), "
     "from its field widths",
-    expected=lambda: {"min_subnormal": spec(GRAD_FORMAT).min_subnormal,
-                      "min_normal": spec(GRAD_FORMAT).min_normal},
+    check=check_extremes,
     hint="answer {'min_subnormal': ..., 'min_normal': ...}; bias = 2^(e - 1) - 1; the smallest "
     "normal has exponent field 1 and mantissa 0; the smallest subnormal has exponent field 0 and "
     "only the last mantissa bit set",
