@@ -90,18 +90,24 @@ def c28_evidence(strategy: str = "ddp") -> dict:
                               strict=True)))
 
 
+def _span(values) -> str:
+    """'0.246-0.254', or one number where every rank's is the same to 3 decimals."""
+    lo, hi = f"{min(values):.3f}", f"{max(values):.3f}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def _c28(ev: dict) -> claims.Verdict:
     run, full, tol = ev["runs"][ev["strategy"]], ev["full"], ev["tolerance"]
     ratios = {c: [k[c] / full[c] for k in run["ranks"]] for c in _CATEGORIES}
     parts = [claims.Part(
         f"every rank holds the whole model's {c.replace('_', ' ')}",
         all(abs(r - 1) <= tol for r in rs),
-        f"a rank holds {min(rs):.3f} to {max(rs):.3f} of them")
+        f"a rank holds {_span(rs)} of them")
         for c, rs in ratios.items()]
     return claims.judge_parts(
         "", parts,
         f"{ev['where']}, {ev['strategy']}: each rank holds "
-        + ", ".join(f"{c.replace('_', ' ')} {min(rs):.3f}-{max(rs):.3f}x the whole model's"
+        + ", ".join(f"{c.replace('_', ' ')} {_span(rs)}x the whole model's"
                     for c, rs in ratios.items())
         + f" ({'+'.join(str(b) for b in zero.LAYOUTS[ev['layout']])} bytes per parameter, "
           "PyTorch's layout); the optimizer states' excess is Adam's step counters")

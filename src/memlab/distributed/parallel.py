@@ -627,16 +627,16 @@ class ParallelismResult:
                        "the formula.")
         share = lo.transfer_s / (sum(per_mb(lo)) / lo.stages)
         out.append(f"Handing one micro-batch's activations to the next stage took "
-                   f"{lo.transfer_s * 1e3:.2f} ms at m = {lo.microbatches} ({share:.0%} of a "
+                   f"{lo.transfer_s * 1e3:.2f} ms at m = {lo.microbatches} ({share:.1%} of a "
                    f"stage's compute per micro-batch); with the transfers, the schedule idles "
                    f"{each(lambda r: f'{r.schedule(transfers=True).mean_bubble:.3f}')}.")
         out.append(f"The wall clock of the real schedule gives "
                    f"{each(lambda r: f'{r.mean_bubble:.3f}')} "
                    f"({each(lambda r: f'{r.mean_bubble / r.formula:.2f}')} times the formula). "
-                   f"From m = {lo.microbatches} to m = {hi.microbatches} the formula falls by "
-                   f"{1 - hi.formula / lo.formula:.0%}, the schedule's bubble by "
-                   f"{1 - hi.schedule_bubble / lo.schedule_bubble:.0%}, the wall clock's by "
-                   f"{1 - hi.mean_bubble / lo.mean_bubble:.0%}.")
+                   f"From m = {lo.microbatches} to m = {hi.microbatches} the formula "
+                   f"{_change(lo.formula, hi.formula)}, the schedule's bubble "
+                   f"{_change(lo.schedule_bubble, hi.schedule_bubble)}, the wall clock's "
+                   f"{_change(lo.mean_bubble, hi.mean_bubble)}.")
         worst = max(max(r.contention) for r in runs)
         if worst > CONTENDED:
             out.append(f"Inside the schedule a stage's compute took up to {worst:.2f} times as "
@@ -649,6 +649,14 @@ class ParallelismResult:
                        "as long as alone, so little competes with it: what the wall clock adds "
                        "to the schedule is the transfers' and the scheduler's own time.")
         return " ".join(out)
+
+
+def _change(before: float, after: float) -> str:
+    """'falls by 44%', 'rises by 11%' or 'stays the same' (to the percent)."""
+    rel = after / before - 1
+    if round(rel * 100) == 0:
+        return "stays the same"
+    return f"{'rises' if rel > 0 else 'falls'} by {abs(rel):.0%}"
 
 
 def _spec(scale: str) -> dict:
