@@ -80,6 +80,19 @@ def test_activations_are_the_same_on_every_strategy(result):
     assert len(set(acts.values())) == 1, acts
 
 
+def test_a_run_on_several_ranks_shows_what_a_one_rank_record_cannot(result):
+    assert result.cannot_show() == ()
+    from memlab.results import recorded
+
+    rec = recorded("distributed-memory", device="cuda")
+    if rec is None or rec.value().world_size != 1:
+        pytest.skip("no one-rank GPU record of distributed-memory is stored")
+    lacks = rec.value().cannot_show()
+    assert any(x.startswith("sharding:") for x in lacks)
+    assert any(x.startswith("FSDP's gathering:") for x in lacks)
+    assert any(x.startswith("bytes on a link:") for x in lacks)
+
+
 def test_every_strategy_trains_like_one_process(result):
     for run in result.runs:
         assert run.matches_one_process, (run.strategy, run.against_one_process)

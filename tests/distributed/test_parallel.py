@@ -120,6 +120,27 @@ def test_the_measured_bubble_is_a_share_of_each_stages_step(result):
             assert 0 < busy < step
 
 
+def test_the_schedule_is_built_from_the_stage_times_measured_alone(result):
+    for r in result.pp_runs:
+        assert len(r.forward_s) == len(r.backward_s) == r.stages == 2
+        assert all(t > 0 for t in (*r.forward_s, *r.backward_s, *r.forward_in_schedule_s,
+                                   *r.backward_in_schedule_s))
+        assert r.transfer_s > 0
+        tl = r.schedule()
+        assert tl.microbatches == r.microbatches and tl.transfer_s == 0
+        assert tl.busy_s == pytest.approx(tuple(r.microbatches * (f + b) for f, b in
+                                                zip(r.forward_s, r.backward_s, strict=True)))
+        assert 0 < r.schedule_bubble < 1
+        assert r.schedule(transfers=True).mean_bubble >= r.schedule_bubble  # more idle, not less
+        assert all(c > 0 for c in r.contention)
+    rows = result.bubble_rows()
+    assert [row["m"] for row in rows] == [r.microbatches for r in result.pp_runs]
+    assert rows[0]["schedule_over_formula"] == pytest.approx(rows[0]["schedule"]
+                                                             / rows[0]["formula"])
+    words = result.bubble_findings()
+    assert "times the formula" in words and "Inside the schedule" in words
+
+
 def test_the_table_and_the_lookup(result):
     text = result.table()
     assert "all-reduce x2" in text and "GPipe" in text

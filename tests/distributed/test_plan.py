@@ -87,6 +87,8 @@ def test_ring_volumes_and_bandwidth():
 
     assert ring_sent_bytes("all-reduce", 100, 4) == 150
     assert ring_sent_bytes("all-gather", 100, 4) == 75
+    assert ring_sent_bytes("broadcast", 100, 4) == 25  # the root sends it once, of 4 ranks
+    assert all(ring_sent_bytes(c, 100, 1) == 0 for c in ("all-reduce", "all-gather", "broadcast"))
     nvlink = commtime.LINKS["a100-nvlink3"].bytes_per_s
     assert nvlink == 300e9  # 600 GB/s both directions, quoted
     assert commtime.per_gpu_bandwidth(8) == nvlink

@@ -212,26 +212,41 @@ def test_per_gpu_memory_has_a_panel_per_model_and_a_line_per_stage(what):
         dplot.per_gpu_memory(sweep, what="weights")
 
 
-def test_pipeline_bubble_draws_the_mean_beside_the_formula():
+def _pipeline_result() -> ParallelismResult:
     def run(m: int, bubble: tuple[float, float]) -> PipelineRun:
         return PipelineRun(microbatches=m, stages=2, bubble=bubble, busy_s=(0.1, 0.1),
                            step_s=(0.2, 0.2), formula=1 / (m + 1), loss=1.0,
-                           reference_loss=1.0, grad_error=0.0)
+                           reference_loss=1.0, grad_error=0.0, forward_s=(1.0, 1.0),
+                           backward_s=(2.0, 2.0), transfer_s=0.0,
+                           forward_in_schedule_s=(1.0, 1.0), backward_in_schedule_s=(2.0, 2.0))
 
-    result = ParallelismResult(scale="ci", world_size=2, backend="gloo", device="cpu",
-                               tp_config={}, tp_batch=(2, 32), tp_ranks=(), pp_config={
-                                   "name": "pp-ci", "n_layer": 4}, pp_batch=(8, 128),
-                               pp_runs=(run(8, (0.2, 0.14)), run(4, (0.3, 0.26))),
-                               launch_seconds=5.0)
-    fig = dplot.pipeline_bubble(result)
+    return ParallelismResult(scale="ci", world_size=2, backend="gloo", device="cpu",
+                             tp_config={}, tp_batch=(2, 32), tp_ranks=(), pp_config={
+                                 "name": "pp-ci", "n_layer": 4}, pp_batch=(8, 128),
+                             pp_runs=(run(8, (0.2, 0.14)), run(4, (0.3, 0.26))),
+                             launch_seconds=5.0)
+
+
+def test_pipeline_bubble_draws_the_schedule_and_the_wall_clock_beside_the_formula():
+    fig = dplot.pipeline_bubble(_pipeline_result())
     ax = fig.axes[0]
-    assert len(ax.lines) == 1 + 2 + 1  # formula, each stage, the mean
-    formula, mean = ax.lines[0], ax.lines[-1]
+    assert len(ax.lines) == 1 + 1 + 2 + 1  # formula, schedule, each stage, the mean
+    formula, schedule, mean = ax.lines[0], ax.lines[1], ax.lines[-1]
     assert list(mean.get_xdata()) == [4, 8]
     assert list(mean.get_ydata()) == pytest.approx([0.28, 0.17])
+    assert list(schedule.get_ydata()) == pytest.approx([1 / 5, 1 / 9])  # equal stages
     assert formula.get_ydata()[0] == pytest.approx(1 / 5)
     assert formula.get_ydata()[-1] == pytest.approx(1 / 9)
     assert "measured" in ax.get_title()
+    plt.close(fig)
+
+
+def test_pipeline_schedule_draws_every_forward_and_backward():
+    fig = dplot.pipeline_schedule(_pipeline_result())
+    assert len(fig.axes) == 2
+    for ax, m in zip(fig.axes, (4, 8), strict=True):
+        assert len(ax.patches) == 2 * 2 * m  # a bar per stage, kind and micro-batch
+        assert f"m = {m}" in ax.get_title() and f"{1 / (m + 1):.3f}" in ax.get_title()
     plt.close(fig)
 
 

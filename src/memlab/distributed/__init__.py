@@ -39,6 +39,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "memlab.distributed.zero": (
         "LAYOUTS",
         "STAGES",
+        "ZERO_CITATION",
         "comm_volume",
         "formula",
         "model_states",

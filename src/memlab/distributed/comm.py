@@ -91,12 +91,14 @@ def ring_sent_bytes(collective: str, payload: int, group_size: int) -> float:
     The collective runs over ``group_size`` ranks.
 
     All-gather and reduce-scatter: each rank sends (g-1)/g of the payload; all-reduce is both:
-    2(g-1)/g; a broadcast's root sends it once (counted on every rank: 1/g on average).
+    2(g-1)/g; a broadcast's root sends it once (counted on every rank: 1/g on average). A group
+    of one rank sends nothing.
     """
     g = max(group_size, 1)
     share = (g - 1) / g
     return payload * {"all-reduce": 2 * share, "all-gather": share, "reduce-scatter": share,
-                      "broadcast": 1 / g, "send": 1.0, "recv": 0.0, "all-to-all": share}[collective]
+                      "broadcast": 1 / g if g > 1 else 0.0, "send": 1.0, "recv": 0.0,
+                      "all-to-all": share}[collective]
 
 
 def _nbytes(ts: list[torch.Tensor]) -> int:

@@ -13,10 +13,18 @@ Data parallelism splits the batch; the other two split the model:
   also holds the embedding, the last the final norm, the head and the loss), run with
   ``torch.distributed.pipelining``'s GPipe schedule over m micro-batches: all forwards, then
   all backwards. A stage idles while the pipeline fills and drains; GPipe's bubble is
-  (p - 1) / (m + p - 1) of the step for p stages. Each stage times its own compute
-  (forward, loss, backward of every micro-batch); its bubble is 1 - busy / step. The
-  measured bubble lies above the formula: every micro-batch's send, receive and scheduling
-  add idle time the formula leaves out, a larger share the more and smaller the micro-batches.
+  (p - 1) / (m + p - 1) of the step for p stages. Two measurements are set beside it:
+
+  - *the schedule*: each stage's forward (with the loss, on the last) and backward of one
+    micro-batch, timed one stage at a time while the others wait at a barrier, so no two
+    processes compute at once; and the seconds to hand one micro-batch's activations to the
+    next stage. :func:`memlab.distributed.schedule.gpipe_timeline` places every forward and
+    backward by GPipe's rules from those times: the bubble of the schedule itself.
+  - *the wall clock*: each stage times its own compute inside the real schedule (forward,
+    loss and backward of every micro-batch); its bubble is 1 - busy / step. With the ranks
+    sharing a machine's cores and memory, this bubble also holds what they do to each other
+    (a stage's compute is slower inside the schedule than alone: ``contention``), and every
+    transfer's and the scheduler's own time.
 
 :func:`parallelism` launches both once (``torchrun``, two ranks) and sets each beside one
 process running the same weights on the same batch.
@@ -33,6 +41,7 @@ import torch
 import torch.nn as nn
 
 from memlab.distributed.comm import CommCounter
+from memlab.distributed.schedule import GPipeTimeline, gpipe_bubble, gpipe_timeline
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.model.config import ModelConfig
 from memlab.model.transformer import Block, build_model, lm_loss, rope_cache
@@ -51,7 +60,7 @@ SIZES = {
                 batch_size=2, seq_len=32),
         pp=dict(model=ModelConfig(name="pp-ci", vocab_size=512, n_layer=4, n_head=4,
                                   d_model=256, d_ff=688, max_seq_len=128),
-                batch_size=8, seq_len=128, microbatches=(4, 8), repeats=5),
+                batch_size=8, seq_len=128, microbatches=(4, 8), repeats=5, alone_repeats=15),
     ),
     "full": dict(
         tp=dict(model=ModelConfig(name="tp-full", vocab_size=32000, n_layer=1, n_head=16,
@@ -59,16 +68,10 @@ SIZES = {
                 batch_size=4, seq_len=256),
         pp=dict(model=ModelConfig(name="pp-full", vocab_size=32000, n_layer=8, n_head=16,
                                   d_model=1024, d_ff=2816, max_seq_len=512),
-                batch_size=16, seq_len=256, microbatches=(2, 4, 8, 16), repeats=5),
+                batch_size=16, seq_len=256, microbatches=(2, 4, 8, 16), repeats=5,
+                alone_repeats=10),
     ),
 }
-
-
-def gpipe_bubble(stages: int, microbatches: int) -> float:
-    """GPipe's idle share of a step, (p - 1) / (m + p - 1), for p stages and m micro-batches (chapter: 6)."""
-    p = check_positive_int("stages", stages)
-    m = check_positive_int("microbatches", microbatches)
-    return (p - 1) / (m + p - 1)
 
 
 # Tensor parallelism ----------------------------------------------------------------------
@@ -247,26 +250,94 @@ def split_stages(model: nn.Module, stages: int) -> list[PipelineStageModule]:
 
 
 class _StageClock:
-    """Seconds a stage computes: its forward, loss and backward of each micro-batch."""
+    """Seconds a stage computes inside the schedule: forwards, losses and backwards, each kind."""
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.busy_s = 0.0
+        self.seconds = dict.fromkeys(("forward", "loss", "backward"), 0.0)
+
+    @property
+    def busy_s(self) -> float:
+        return sum(self.seconds.values())
+
+    def reset(self) -> None:
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def wrap(self, fn):
+    def wrap(self, fn, kind: str):
         def timed(*args, **kwargs):
             self._sync()
             t0 = time.perf_counter()
             out = fn(*args, **kwargs)
             self._sync()
-            self.busy_s += time.perf_counter() - t0
+            self.seconds[kind] += time.perf_counter() - t0
             return out
 
         return timed
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _stage_alone(module: nn.Module, x: torch.Tensor, tgt: torch.Tensor, *, first: bool,
+                 last: bool, repeats: int, device: torch.device) -> tuple[float, float]:
+    """Median seconds of the stage's forward (with the loss, on the last) and backward of one micro-batch."""
+    g = torch.Generator().manual_seed(2)
+    grad = None if last else torch.randn(x.shape[0], x.shape[1], module.cfg.d_model,
+                                         generator=g).to(device)  # (mb, T, C)
+    fwd, bwd = [], []
+    for rep in range(repeats + 1):  # the first warms up: not timed
+        inp = x if first else x.detach().requires_grad_(True)  # a later stage sends back dx
+        _sync(device)
+        t0 = time.perf_counter()
+        out = module(inp)
+        if last:
+            out = lm_loss(out, tgt)
+        _sync(device)
+        t1 = time.perf_counter()
+        out.backward(grad)
+        _sync(device)
+        t2 = time.perf_counter()
+        module.zero_grad(set_to_none=True)
+        if rep:
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+    return statistics.median(fwd), statistics.median(bwd)
+
+
+def _transfer_alone(shape: tuple, *, rank: int, world: int, repeats: int,
+                    device: torch.device) -> list[float]:
+    """Seconds to hand one micro-batch's activations to the next stage, each hop in turn.
+
+    Half a round trip, median; only the sending rank of each hop returns its time.
+    """
+    import torch.distributed as dist
+
+    buf = torch.zeros(shape, device=device)  # (mb, T, C)
+    hops = []
+    for s in range(world - 1):
+        dist.barrier()  # one hop at a time, the other ranks waiting
+        times = []
+        for rep in range(repeats + 1):
+            if rank == s:
+                t0 = time.perf_counter()
+                dist.send(buf, s + 1)
+                dist.recv(buf, s + 1)
+                _sync(device)
+                if rep:
+                    times.append((time.perf_counter() - t0) / 2)
+            elif rank == s + 1:
+                dist.recv(buf, s)
+                dist.send(buf, s)
+        if times:
+            hops.append(statistics.median(times))
+    dist.barrier()
+    return hops
 
 
 def _pp_rank(spec: dict, device: torch.device) -> dict:
@@ -288,19 +359,21 @@ def _pp_rank(spec: dict, device: torch.device) -> dict:
     model = build_model(cfg, device=device, seed=0)
     module = split_stages(model, world)[rank]
     first, last = rank == 0, rank == world - 1
+    repeats = spec["repeats"]
     out = {}
     for m in spec["microbatches"]:
         clock = _StageClock(device)
         stage = PipelineStage(module, rank, world, device)
-        stage.forward_one_chunk = clock.wrap(stage.forward_one_chunk)
-        stage.backward_one_chunk = clock.wrap(stage.backward_one_chunk)
+        stage.forward_one_chunk = clock.wrap(stage.forward_one_chunk, "forward")
+        stage.backward_one_chunk = clock.wrap(stage.backward_one_chunk, "backward")
         # every stage is given the loss (it marks the schedule as training); the last computes it
-        schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=clock.wrap(lm_loss))
+        schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=clock.wrap(lm_loss, "loss"))
         bubbles, busy, totals, losses, grad_err = [], [], [], [], 0.0
-        for rep in range(spec["repeats"] + 1):  # the first sets the stages up: not timed
+        fwd_in, bwd_in = [], []
+        for rep in range(repeats + 1):  # the first sets the stages up: not timed
             model.zero_grad(set_to_none=True)
             mb_losses: list[torch.Tensor] = []
-            clock.busy_s = 0.0
+            clock.reset()
             dist.barrier()  # both stages start together: a stage's wait for the other is idle
             t0 = time.perf_counter()
             if first:
@@ -309,8 +382,7 @@ def _pp_rank(spec: dict, device: torch.device) -> dict:
                 schedule.step(target=tgt, losses=mb_losses)
             else:
                 schedule.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            _sync(device)
             dist.barrier()  # the step ends when the last stage ends: a stage done early idles
             total = time.perf_counter() - t0
             if rep == 0:
@@ -318,6 +390,8 @@ def _pp_rank(spec: dict, device: torch.device) -> dict:
             bubbles.append(1 - clock.busy_s / total)
             busy.append(clock.busy_s)
             totals.append(total)
+            fwd_in.append((clock.seconds["forward"] + clock.seconds["loss"]) / m)
+            bwd_in.append(clock.seconds["backward"] / m)
             if last:
                 losses.append(float(torch.stack(mb_losses).mean()))
         mine = {id(p) for p in module.parameters()}
@@ -325,9 +399,23 @@ def _pp_rank(spec: dict, device: torch.device) -> dict:
             if id(p) in mine:  # a parameter of this stage without a gradient is an error
                 err = float("inf") if p.grad is None else float((p.grad - ref_grads[n]).abs().max())
                 grad_err = max(grad_err, err)
+        mb = B // m  # one micro-batch: token ids on the first stage, activations on the others
+        x = idx[:mb] if first else torch.randn(mb, T, cfg.d_model, generator=g).to(device)
+        alone = (0.0, 0.0)
+        for r in range(world):  # one stage at a time: no two processes compute at once
+            dist.barrier()
+            if r == rank:
+                alone = _stage_alone(module, x, tgt[:mb], first=first, last=last,
+                                     repeats=spec["alone_repeats"], device=device)
+        hops = _transfer_alone((mb, T, cfg.d_model), rank=rank, world=world,
+                               repeats=spec["alone_repeats"], device=device)
         out[str(m)] = dict(bubble=statistics.median(bubbles), bubbles=bubbles,
                            busy_s=statistics.median(busy), step_s=statistics.median(totals),
-                           losses=losses, grad_error=grad_err)
+                           losses=losses, grad_error=grad_err,
+                           forward_in_schedule_s=statistics.median(fwd_in),
+                           backward_in_schedule_s=statistics.median(bwd_in),
+                           forward_alone_s=alone[0], backward_alone_s=alone[1],
+                           transfer_s=hops)
     return dict(reference_loss=float(ref_loss), runs=out,
                 blocks=len(module.blocks), stage_parameters=sum(p.numel()
                                                                 for p in module.parameters()))
@@ -362,33 +450,68 @@ class TensorParallelRank:
         return self.sharded_local_bytes / self.sharded_full_bytes
 
 
+CONTENDED = 1.1  # a stage's compute this many times slower in the schedule than alone: contention
+
+
 @dataclass(frozen=True)
 class PipelineRun:
-    """GPipe over m micro-batches: each stage's measured bubble beside the formula; seconds."""
+    """GPipe over m micro-batches: the schedule's bubble and the wall clock's, beside the formula.
+
+    Seconds throughout; a tuple holds one value per stage.
+    """
 
     microbatches: int
     stages: int
-    bubble: tuple[float, ...]  # per stage: 1 - busy / step, median over the repeats
+    bubble: tuple[float, ...]  # wall clock, per stage: 1 - busy / step, median over the repeats
     busy_s: tuple[float, ...]  # per stage: forward + loss + backward of all micro-batches
     step_s: tuple[float, ...]  # per stage: the whole schedule, wall clock
     formula: float  # (p - 1) / (m + p - 1)
     loss: float  # mean of the micro-batches' losses, last repeat
     reference_loss: float  # one process, the whole batch
     grad_error: float  # max abs over every stage's parameters, against one process
+    forward_s: tuple[float, ...]  # one micro-batch's forward (and loss), the stage alone
+    backward_s: tuple[float, ...]  # one micro-batch's backward, the stage alone
+    transfer_s: float  # one micro-batch's activations to the next stage, alone
+    forward_in_schedule_s: tuple[float, ...]  # the same forward inside the schedule, mean
+    backward_in_schedule_s: tuple[float, ...]
 
     @property
     def ratio(self) -> tuple[float, ...]:
-        """Measured bubble over the formula, per stage (chapter: 6)."""
+        """Wall-clock bubble over the formula, per stage (chapter: 6)."""
         return tuple(b / self.formula for b in self.bubble)
 
     @property
     def mean_bubble(self) -> float:
-        """The pipeline's idle share: the stages' bubbles averaged (chapter: 6).
+        """The wall clock's idle share: the stages' bubbles averaged (chapter: 6).
 
         Unequal stages shift idle time from the slower stage to the faster one; the mean
         keeps the total.
         """
         return sum(self.bubble) / len(self.bubble)
+
+    def schedule(self, transfers: bool = False) -> GPipeTimeline:
+        """GPipe's step built from the stages' times measured alone (chapter: 6).
+
+        With ``transfers`` each hand-over takes the measured transfer time; without, none
+        (the formula's assumption).
+        """
+        return gpipe_timeline(self.forward_s, self.backward_s, self.microbatches,
+                              transfer_s=self.transfer_s if transfers else 0.0)
+
+    @property
+    def schedule_bubble(self) -> float:
+        """The schedule's idle share from the stage times alone, no transfer time (chapter: 6)."""
+        return self.schedule().mean_bubble
+
+    @property
+    def contention(self) -> tuple[float, ...]:
+        """Each stage's compute per micro-batch inside the schedule over alone (chapter: 6).
+
+        1 where nothing competes with it.
+        """
+        return tuple((fi + bi) / (fa + ba) for fi, bi, fa, ba in zip(
+            self.forward_in_schedule_s, self.backward_in_schedule_s, self.forward_s,
+            self.backward_s, strict=True))
 
     @property
     def loss_diff(self) -> float:
@@ -446,17 +569,94 @@ class ParallelismResult:
         lines.append(f"pipeline parallelism (GPipe) of {self.pp_config['name']} "
                      f"({self.pp_config['n_layer']} blocks, {self.pp_batch[0]} x "
                      f"{self.pp_batch[1]} tokens) in {self.world_size} stages")
-        lines.append(f"{'m':<4}{'formula':>9}" + "".join(f"{'stage ' + str(s):>10}"
-                                                        for s in range(self.world_size))
-                     + f"{'mean':>8}{'/formula':>10}{'step ms':>9}{'loss diff':>11}"
-                     + "  same as 1 process")
+        lines.append(f"{'m':<4}{'formula':>9}{'schedule':>10}{'/formula':>10}{'wall clock':>12}"
+                     f"{'/formula':>10}{'contention':>12}{'step ms':>9}{'loss diff':>11}"
+                     "  same as 1 process")
         for r in self.pp_runs:
-            lines.append(f"{r.microbatches:<4}{r.formula:>9.3f}"
-                         + "".join(f"{b:>10.3f}" for b in r.bubble)
-                         + f"{r.mean_bubble:>8.3f}{r.mean_bubble / r.formula:>10.2f}"
-                         + f"{max(r.step_s) * 1e3:>9.1f}{r.loss_diff:>11.1e}  "
+            lines.append(f"{r.microbatches:<4}{r.formula:>9.3f}{r.schedule_bubble:>10.3f}"
+                         f"{r.schedule_bubble / r.formula:>10.2f}{r.mean_bubble:>12.3f}"
+                         f"{r.mean_bubble / r.formula:>10.2f}{max(r.contention):>12.2f}"
+                         f"{max(r.step_s) * 1e3:>9.1f}{r.loss_diff:>11.1e}  "
                          + ("yes" if r.matches_one_process else "NO"))
         return "\n".join(lines)
+
+    def bubble_rows(self) -> list[dict]:
+        """Per m: the formula, the schedule's bubble, the wall clock's, and their ratios (chapter: 6).
+
+        The schedule's bubble is built from the stage times measured alone, without and with
+        the measured transfers; the wall clock's is the stages' mean. ``contention`` is the
+        slowest stage's compute inside the schedule over alone.
+        """
+        return [dict(m=r.microbatches, formula=r.formula, schedule=r.schedule_bubble,
+                     schedule_over_formula=r.schedule_bubble / r.formula,
+                     schedule_with_transfers=r.schedule(transfers=True).mean_bubble,
+                     wall_clock=r.mean_bubble, wall_clock_over_formula=r.mean_bubble / r.formula,
+                     contention=max(r.contention), step_ms=max(r.step_s) * 1e3,
+                     loss_vs_one_process=r.loss_diff, same_as_one_process=r.matches_one_process)
+                for r in self.pp_runs]
+
+    def bubble_findings(self) -> str:
+        """What the schedule's and the wall clock's bubbles show, in words from the numbers (chapter: 6)."""
+        runs = sorted(self.pp_runs, key=lambda r: r.microbatches)
+        lo, hi = runs[0], runs[-1]
+
+        def each(f) -> str:
+            return " and ".join(f(r) for r in runs)
+
+        def per_mb(r) -> list[float]:  # each stage's forward + backward of one micro-batch
+            return [f + b for f, b in zip(r.forward_s, r.backward_s, strict=True)]
+
+        slowest = {max(range(r.stages), key=per_mb(r).__getitem__) for r in runs}
+        holds = {0: "the embedding", lo.stages - 1: "the final norm, the head and the loss"}
+        out = [f"Built from the stage times measured one stage at a time, GPipe's schedule "
+               f"idles {each(lambda r: f'{r.schedule_bubble:.3f}')} of the step at m = "
+               f"{each(lambda r: str(r.microbatches))}: "
+               f"{each(lambda r: f'{r.schedule_bubble / r.formula:.2f}')} times the formula's "
+               f"{each(lambda r: f'{r.formula:.3f}')}."]
+        uneven = each(lambda r: f"{max(per_mb(r)) / min(per_mb(r)):.2f}")
+        if max(r.schedule_bubble / r.formula for r in runs) > 1.02:
+            who = "the slower stage"
+            if len(slowest) == 1:
+                (s,) = slowest
+                who = f"stage {s}" + (f" (which also computes {holds[s]})" if s in holds else "")
+            out.append(f"It lies above the formula because the stages are not equal: {who} "
+                       f"takes {uneven} times as long per micro-batch as the faster one, which "
+                       "waits for it.")
+        else:
+            out.append(f"The stages are nearly equal ({uneven} times), so the schedule follows "
+                       "the formula.")
+        share = lo.transfer_s / (sum(per_mb(lo)) / lo.stages)
+        out.append(f"Handing one micro-batch's activations to the next stage took "
+                   f"{lo.transfer_s * 1e3:.2f} ms at m = {lo.microbatches} ({share:.1%} of a "
+                   f"stage's compute per micro-batch); with the transfers, the schedule idles "
+                   f"{each(lambda r: f'{r.schedule(transfers=True).mean_bubble:.3f}')}.")
+        out.append(f"The wall clock of the real schedule gives "
+                   f"{each(lambda r: f'{r.mean_bubble:.3f}')} "
+                   f"({each(lambda r: f'{r.mean_bubble / r.formula:.2f}')} times the formula). "
+                   f"From m = {lo.microbatches} to m = {hi.microbatches} the formula "
+                   f"{_change(lo.formula, hi.formula)}, the schedule's bubble "
+                   f"{_change(lo.schedule_bubble, hi.schedule_bubble)}, the wall clock's "
+                   f"{_change(lo.mean_bubble, hi.mean_bubble)}.")
+        worst = max(max(r.contention) for r in runs)
+        if worst > CONTENDED:
+            out.append(f"Inside the schedule a stage's compute took up to {worst:.2f} times as "
+                       f"long as alone: the {self.world_size} processes compete for the "
+                       f"machine they share ({self.device}), so the wall clock measures that "
+                       "contention, and the transfers' and the scheduler's own time, on top of "
+                       "the schedule.")
+        else:
+            out.append(f"Inside the schedule a stage's compute took at most {worst:.2f} times "
+                       "as long as alone, so little competes with it: what the wall clock adds "
+                       "to the schedule is the transfers' and the scheduler's own time.")
+        return " ".join(out)
+
+
+def _change(before: float, after: float) -> str:
+    """'falls by 44%', 'rises by 11%' or 'stays the same' (to the percent)."""
+    rel = after / before - 1
+    if round(rel * 100) == 0:
+        return "stays the same"
+    return f"{'rises' if rel > 0 else 'falls'} by {abs(rel):.0%}"
 
 
 def _spec(scale: str) -> dict:
@@ -488,11 +688,17 @@ def parallelism(scale: str = "ci") -> ParallelismResult:
     pp = []
     for m in spec["pp"]["microbatches"]:
         per = [a["pp"]["runs"][str(m)] for a in ranks]
+        hops = [t for r in per for t in r["transfer_s"]]
         pp.append(PipelineRun(
             microbatches=m, stages=len(ranks), bubble=tuple(r["bubble"] for r in per),
             busy_s=tuple(r["busy_s"] for r in per), step_s=tuple(r["step_s"] for r in per),
             formula=gpipe_bubble(len(ranks), m), loss=per[-1]["losses"][-1],
-            reference_loss=last["reference_loss"], grad_error=max(r["grad_error"] for r in per)))
+            reference_loss=last["reference_loss"], grad_error=max(r["grad_error"] for r in per),
+            forward_s=tuple(r["forward_alone_s"] for r in per),
+            backward_s=tuple(r["backward_alone_s"] for r in per),
+            transfer_s=statistics.mean(hops) if hops else 0.0,
+            forward_in_schedule_s=tuple(r["forward_in_schedule_s"] for r in per),
+            backward_in_schedule_s=tuple(r["backward_in_schedule_s"] for r in per)))
     tp_spec, pp_spec = spec["tp"], spec["pp"]
     return ParallelismResult(
         scale=scale, world_size=len(ranks), backend=ranks[0]["backend"], device=ranks[0]["device"],

@@ -3,8 +3,8 @@
 Pure computation over :func:`memlab.distributed.estimate.estimate_sharded` and the GPU
 catalogue (:mod:`memlab.gpus`): per-GPU model states and peaks as the number of GPUs N
 grows, the smallest N whose estimated peak fits a GPU's usable memory, and the ZeRO paper's
-worked example (Rajbhandari et al., arXiv 1910.02054, figure 1: Ψ = 7.5B parameters on 64
-GPUs with mixed-precision Adam).
+worked example (:data:`memlab.distributed.zero.ZERO_CITATION`, figure 1: Ψ = 7.5B parameters
+on 64 GPUs with mixed-precision Adam).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from memlab.gpus import fits, get_gpu
 from memlab.model.config import ModelConfig
 from memlab.units import to_unit
 
-# The ZeRO paper's example (figure 1) and the per-GPU model states it quotes, GB (10^9 bytes).
+# The ZeRO paper's example (zero.ZERO_CITATION, figure 1) and the per-GPU model states it
+# quotes, GB (10^9 bytes).
 ZERO_PAPER = dict(parameters=7_500_000_000, gpus=64)
 ZERO_PAPER_QUOTED_GB = {0: 120.0, 1: 31.4, 2: 16.6, 3: 1.875}  # quoted, stages 0-3
 # A Llama-style shape with 7,499,681,792 parameters (within 0.005% of the paper's 7.5B), so

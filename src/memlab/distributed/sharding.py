@@ -200,6 +200,28 @@ class DistributedMemory:
         raise MemlabError(f"no run of strategy {strategy!r}; accepted: "
                           + ", ".join(r.strategy for r in self.runs))
 
+    def cannot_show(self) -> tuple[str, ...]:
+        """What this run is no evidence of, each found in its numbers (chapter: 6).
+
+        On one rank nothing is split, sent or gathered: its collectives move no byte, FSDP issues
+        none, and every mark of its gather timelines reads 0. Empty for a run that shows them.
+        """
+        out = []
+        if self.world_size == 1:
+            out.append("sharding: one rank holds every strategy's whole model states")
+        fsdp = [r for r in self.runs if r.stage >= 2]
+        if fsdp and not any(r.ranks[0].comm for r in fsdp):
+            out.append("FSDP's collectives: " + ", ".join(r.strategy for r in fsdp)
+                       + " issued no all-gather or reduce-scatter, so no payload of theirs "
+                         "was counted")
+        if self.world_size == 1 or not any(
+                v.get("sent_bytes", 0) for r in self.runs for k in r.ranks for v in k.comm.values()):
+            out.append("bytes on a link: no rank sent a byte to another")
+        timelines = [r for r in self.runs if r.gather_timeline]
+        if timelines and not any(b for r in timelines for _, b in r.gather_timeline):
+            out.append("FSDP's gathering: every mark of every gather timeline reads 0 bytes")
+        return tuple(out)
+
     def table(self, unit: str = "MiB") -> str:
         """Per-rank bytes by category (rank 0), the formula, and the check against one process (chapter: 6)."""
         head = (f"{self.parameters:,} parameters on {self.world_size} ranks ({self.backend}, "

@@ -1,7 +1,8 @@
 """What each GPU holds under data parallelism: the ZeRO paper's formulas (chapter 6).
 
 Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models"
-(arXiv 1910.02054, section 3.1 and figure 1) count a model's *states* with Ψ parameters as
+(SC 2020; arXiv 1910.02054, 2019: :data:`ZERO_CITATION`, section 3.1 and figure 1) count a
+model's *states* with Ψ parameters as
 
     parameters p·Ψ + gradients g·Ψ + optimizer states k·Ψ bytes,
 
@@ -24,6 +25,17 @@ from dataclasses import dataclass
 
 from memlab.errors import MemlabError, check_choice
 
+# The paper every page cites for ZeRO, one way: published at SC 2020, first on arXiv in 2019.
+ZERO_CITATION = dict(
+    authors="Samyam Rajbhandari, Jeff Rasley, Olatunji Ruwase, Yuxiong He",
+    title="ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
+    venue="SC 2020 (International Conference for High Performance Computing, Networking, "
+          "Storage and Analysis)",
+    year=2020, arxiv="1910.02054", arxiv_year=2019, url="https://arxiv.org/abs/1910.02054",
+    short="Rajbhandari et al. 2020",
+    text='Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter '
+         'Models", SC 2020; arXiv 1910.02054, 2019',
+)
 STAGES = (0, 1, 2, 3)
 LAYOUTS = {  # bytes per parameter: (parameters, gradients, optimizer states), AdamW
     "mixed": (2, 2, 12),  # the ZeRO paper: 16-bit working copy, fp32 master + m + v

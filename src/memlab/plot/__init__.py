@@ -24,6 +24,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "gather_timeline",
         "per_gpu_memory",
         "pipeline_bubble",
+        "pipeline_schedule",
         "rank_memory",
         "throughput_scaling",
         "who_holds_what",

@@ -357,14 +357,15 @@ def per_gpu_memory(sweep, what: str = "peak", gpu: str = "A100-80GB", unit: str 
 
 
 def pipeline_bubble(result, source: str = "measured", title: str | None = None):
-    """The pipeline's bubble against the number of micro-batches m (chapter: 6).
+    """The pipeline's bubble against the number of micro-batches m, three ways (chapter: 6).
 
-    Each stage's and their mean, beside GPipe's (p - 1)/(m + p - 1).
+    GPipe's (p - 1)/(m + p - 1), the schedule built from the stage times measured alone, and
+    the wall clock of the real schedule (each stage's, and their mean).
 
-    ``result`` is a :class:`memlab.distributed.parallel.ParallelismResult`; the bubble is
-    1 - busy / step, a share of the step.
+    ``result`` is a :class:`memlab.distributed.parallel.ParallelismResult`; a bubble is a share
+    of the step.
     """
-    from memlab.distributed.parallel import gpipe_bubble
+    from memlab.distributed.schedule import gpipe_bubble
 
     style()
     runs = sorted(result.pp_runs, key=lambda r: r.microbatches)
@@ -376,22 +377,72 @@ def pipeline_bubble(result, source: str = "measured", title: str | None = None):
     every = list(range(ms[0], ms[-1] + 1))
     ax.semilogx(every, [gpipe_bubble(p, m) for m in every], "--", base=2, color="0.3",
                 label=f"(p - 1)/(m + p - 1), p = {p}")
+    sched = [r.schedule_bubble for r in runs]
+    ax.semilogx(ms, sched, "s-", base=2, color="C2", lw=1.8,
+                label="schedule from the stage times alone")
+    word = source.split(" ")[0]
     for stage in range(p):
         ax.semilogx(ms, [r.bubble[stage] for r in runs], linestyle="none", marker=".",
-                    base=2, markersize=7, alpha=0.6, color=f"C{stage + 1}",
-                    label=f"{source.split(' ')[0]}, stage {stage}")
-    mean = [sum(r.bubble) / len(r.bubble) for r in runs]
+                    base=2, markersize=7, alpha=0.6, color=f"C{stage + 3}",
+                    label=f"wall clock ({word}), stage {stage}")
+    mean = [r.mean_bubble for r in runs]
     ax.semilogx(ms, mean, "o-", base=2, color="C0", lw=1.8,
-                label=f"{source.split(' ')[0]}, mean of the stages")
+                label=f"wall clock ({word}), mean of the stages")
     ax.set_xticks(ms, [str(m) for m in ms])
     ax.set_xlabel("micro-batches m")
     ax.set_ylabel("bubble (share of the step idle)")
-    ax.set_ylim(0, max([*mean, *(max(r.bubble) for r in runs),
-                        gpipe_bubble(p, ms[0])]) * 1.2)
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, max([*mean, *sched, *(max(r.bubble) for r in runs),
+                        gpipe_bubble(p, ms[0])]) * 1.25)
+    ax.legend(fontsize=7, ncol=2, loc="upper right")
     cfg, (B, T) = result.pp_config, result.pp_batch
     ax.set_title(title or f"GPipe's bubble on {p} stages, {source} ({_where(result)}): "
                  f"{cfg['name']}, batch {B} x {T}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def pipeline_schedule(result, source: str = "measured", title: str | None = None):
+    """GPipe's step built from the stage times measured alone, one panel per m (chapter: 6).
+
+    Each stage's forwards and backwards as bars, its idle time blank, the schedule's bubble
+    and the wall clock's step beside it.
+
+    ``result`` is a :class:`memlab.distributed.parallel.ParallelismResult`; times in ms.
+    """
+    style()
+    runs = sorted(result.pp_runs, key=lambda r: r.microbatches)
+    if not runs:
+        raise MemlabError("pipeline_schedule needs a result with at least one pipeline run")
+    p = runs[0].stages
+    fig, axes = plt.subplots(len(runs), 1, figsize=(7.2, 1.0 + 0.55 * p * len(runs)),
+                             squeeze=False)
+    colors = {"forward": "C0", "backward": "C1"}
+    for ax, r in zip(axes[:, 0], runs, strict=True):
+        tl = r.schedule()
+        for slot in tl.slots:
+            ax.barh(slot.stage, (slot.end_s - slot.start_s) * 1e3, left=slot.start_s * 1e3,
+                    height=0.6, color=colors[slot.kind], edgecolor="white", lw=0.5)
+            if r.microbatches <= 8:
+                ax.text((slot.start_s + slot.end_s) / 2 * 1e3, slot.stage, str(slot.microbatch),
+                        ha="center", va="center", fontsize=6, color="white")
+        wall = max(r.step_s) * 1e3
+        ax.axvline(tl.step_s * 1e3, color="0.3", lw=1)
+        ax.axvline(wall, color="C3", lw=1, linestyle="--")
+        ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(wall, tl.step_s * 1e3) * 1.02)
+        ax.set_title(f"m = {r.microbatches}: schedule's bubble {tl.mean_bubble:.3f} "
+                     f"(formula {r.formula:.3f}); wall clock's {r.mean_bubble:.3f}", fontsize=9)
+    axes[-1, 0].set_xlabel("ms from the step's start")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    handles += [plt.Line2D([], [], color="0.3", lw=1),
+                plt.Line2D([], [], color="C3", lw=1, linestyle="--")]
+    axes[0, 0].legend(handles, ["forward (with the loss)", "backward", "schedule's step ends",
+                                f"wall clock's step ends ({source})"], fontsize=7, ncol=4,
+                      loc="lower center", bbox_to_anchor=(0.5, 1.25), frameon=False)
+    cfg, (B, T) = result.pp_config, result.pp_batch
+    fig.suptitle(title or f"GPipe's schedule from the stage times measured alone "
+                 f"({_where(result)}): {cfg['name']}, batch {B} x {T}", fontsize=10)
     fig.tight_layout()
     return fig
 
