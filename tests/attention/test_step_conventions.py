@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import torch
 
 from memlab.attention import (
     CONVENTIONS,
     attention_in_step,
+    autocast_casts,
     recorded_cuda_eager,
     square_bytes_per_score,
 )
@@ -31,10 +31,11 @@ def _eager(name="llama2-7b", T=4096):
 
 def test_pytorchs_autocast_lists_are_the_conventions():
     """The softmax is on CUDA autocast's fp32 list and on no CPU list; matmul on both 16-bit lists."""
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    assert has("aten::softmax.int", "AutocastCUDA")
-    assert not has("aten::softmax.int", "AutocastCPU")
-    assert has("aten::matmul", "AutocastCUDA") and has("aten::matmul", "AutocastCPU")
+    assert autocast_casts("aten::softmax.int", "cuda")
+    assert not autocast_casts("aten::softmax.int", "cpu")
+    assert autocast_casts("aten::matmul", "cuda") and autocast_casts("aten::matmul", "cpu")
+    with pytest.raises(MemlabError, match="device"):
+        autocast_casts("aten::matmul", "xla")
 
 
 def test_cuda_keeps_fp32_p_and_its_bf16_copy_three_times_the_cpu_bytes():

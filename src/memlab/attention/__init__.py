@@ -46,6 +46,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "StepComparison",
         "StepRow",
         "attention_in_step",
+        "autocast_casts",
         "recorded_cuda_eager",
         "square_bytes_per_score",
     ),

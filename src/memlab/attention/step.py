@@ -103,6 +103,20 @@ class StepComparison:
         return out
 
 
+def autocast_casts(op: str, device: str) -> bool:
+    """Whether ``device``'s autocast has a kernel for ``op`` (casts its inputs) (chapter: 4).
+
+    Asked of PyTorch's dispatcher, which registers CUDA's autocast lists on every build, so a
+    CPU-only machine can read them: ``autocast_casts("aten::softmax.int", "cuda")`` is True (CUDA's
+    fp32 list), ``"cpu"`` False; ``"aten::matmul"`` is on both 16-bit lists.
+    """
+    import torch
+
+    check_choice("device", device, tuple(CONVENTIONS))
+    key = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}[device]
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
+
+
 def square_bytes_per_score(config: str | ModelConfig, T: int = 1024, *,
                            precision: str = "bf16-mixed", device: str = "cpu") -> float:
     """Bytes one block keeps per head per score in T x T tensors, by ``device``'s conventions (chapter: 4).
