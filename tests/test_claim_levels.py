@@ -102,19 +102,31 @@ def _c04_holds(ev):  # both rules at the same point of the curve
     return ev
 
 
-def _c22_activations(ev, factor):
+def _c20_flops(*exponents):
+    """C20: counted flash FLOPs growing as T**k over each doubling from T = 512."""
+    def f(ev):
+        counts, T, c = {512: 1.0e6}, 512, 1.0e6
+        for k in exponents:
+            c, T = c * 2**k, 2 * T
+            counts[T] = c
+        return {**ev, "flash_flops": counts}
+    return f
+
+
+def _c22_cache(ev, cache_times_group):
+    """C22: every shared variant's KV cache at ``cache_times_group`` / group of MHA's."""
     ev = copy.deepcopy(ev)
     for r in ev["rows"].values():
-        if r["group"] > 1:
-            r["activations"] = {a: factor for a in r["activations"]}
+        r["cache"] = min(1.0, cache_times_group / r["group"])
     return ev
 
 
-def _c22_cache(ev):
-    ev = copy.deepcopy(ev)
-    for r in ev["rows"].values():
-        r["cache"] = 1.0
-    return ev
+def _c27_times(eager_ms, compiled_ms, compile_s=None):
+    """C27: quiet paired samples at these step times (and compile time)."""
+    def f(ev):
+        ev = {**ev, "samples": ([eager_ms] * 9, [compiled_ms] * 9)}
+        return ev if compile_s is None else {**ev, "compile_s": compile_s}
+    return f
 
 
 def _c43_timed(ratios):
@@ -190,19 +202,20 @@ CASES = {
                                                                                      else 1)}
                                                 for b, p in ev["peaks"].items()}},
             WRONG: lambda ev: ev},
-    "C20": {HOLDS: lambda ev: {**ev, "flop_exponent": {**ev["flop_exponent"], "flash": 1.0},
-                               "step_over_forward": {**ev["step_over_forward"], "flash": 2.5}},
-            CAVEAT: lambda ev: {**ev, "flop_exponent": {**ev["flop_exponent"], "flash": 1.0}},
+    "C20": {HOLDS: _c20_flops(1.05, 1.02), CAVEAT: _c20_flops(1.8, 1.05),
             WRONG: lambda ev: ev},
     "C21": {HOLDS: lambda ev: {**ev, "memory": {2048: 12.0, 4096: 18.0},
                                "speed": {"label": "recorded on a GPU", "ratios": {2048: 3.0}}},
-            CAVEAT: lambda ev: {**ev, "speed": None},
-            WRONG: lambda ev: {**ev, "memory": {T: 2.0 for T in ev["memory"]}}},
-    "C22": {HOLDS: lambda ev: _c22_activations(ev, 0.5), CAVEAT: lambda ev: ev,
-            WRONG: lambda ev: _c22_cache(ev)},
-    "C27": {HOLDS: lambda ev: {**ev, "ms": (10.0, 5.0), "compile_s": 0.5},
-            CAVEAT: lambda ev: {**ev, "ms": (10.0, 9.9)},
-            WRONG: lambda ev: {**ev, "ms": (10.0, 20.0)},
+            CAVEAT: lambda ev: {**ev, "memory": {2048: 12.0, 4096: 18.0},
+                                "speed": {"label": "recorded on a GPU",
+                                          "ratios": {1024: 1.1, 2048: 3.0}}},
+            WRONG: lambda ev: {**ev, "memory": {T: 2.0 for T in ev["memory"]}},
+            NOT_JUDGED: lambda ev: {**ev, "speed": None}},
+    "C22": {HOLDS: lambda ev: ev, CAVEAT: lambda ev: _c22_cache(ev, 1.5),
+            WRONG: lambda ev: _c22_cache(ev, 1e9)},
+    "C27": {HOLDS: _c27_times(10.0, 5.0, compile_s=0.5),
+            CAVEAT: _c27_times(10.0, 9.0),
+            WRONG: _c27_times(10.0, 20.0),
             NOT_JUDGED: lambda ev: {**ev, "record": None}},
     "C23": {HOLDS: lambda ev: _c23_lora_backward(ev, 0.1), CAVEAT: lambda ev: ev,
             WRONG: lambda ev: _c23_lora_backward(ev, 3.0)},

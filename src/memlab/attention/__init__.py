@@ -42,9 +42,13 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "saved_bytes",
     ),
     "memlab.attention.step": (
+        "CONVENTIONS",
         "StepComparison",
         "StepRow",
         "attention_in_step",
+        "autocast_casts",
+        "recorded_cuda_eager",
+        "square_bytes_per_score",
     ),
     "memlab.attention.sweep": (
         "FlopSweep",

@@ -179,6 +179,10 @@ ROCM_MI300 = "https://rocm.docs.amd.com/en/latest/conceptual/gpu-arch/mi300.html
 ROCM_SPECS = "https://rocm.docs.amd.com/en/latest/reference/gpu-specs.html"
 TPU_V5E = "https://cloud.google.com/tpu/docs/v5e"
 TPU_V5P = "https://docs.cloud.google.com/tpu/docs/v5p-training"
+# Google Cloud's launch announcement of v5p (6 December 2023): its int8 peak. The v5p page above
+# quotes bf16 and "FP8" at the same 459 TFLOPs (fp8 runs at the 16-bit rate), and no int8 rate.
+TPU_V5P_LAUNCH = ("https://cloud.google.com/blog/products/ai-machine-learning/"
+                  "introducing-cloud-tpu-v5p-and-ai-hypercomputer")
 TRN1 = ("https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/"
         "trainium.html")
 TRN1_MEMORY = ("https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/arch/"
@@ -227,11 +231,12 @@ QUOTED: tuple[Accelerator, ...] = (
         bandwidth_quoted="HBM bandwidth per chip (GBps): 2765",
         dense_16bit_format="bf16", dense_16bit_flops_per_s=459 * TERA,
         dense_16bit_quoted="Peak compute per chip (BF16) (TFLOPs): 459",
-        dense_8bit_format="fp8", dense_8bit_ops_per_s=459 * TERA,
-        dense_8bit_quoted="Peak compute per chip (FP8) (TFLOPs): 459",
+        dense_8bit_format="int8", dense_8bit_ops_per_s=918 * TERA,
+        dense_8bit_quoted=f"918 TOPs Int8 per chip ({TPU_V5P_LAUNCH})",
         source=TPU_V5P,
         dense_note="dense: Google quotes no sparsity figure for TPUs (their MXUs have no "
-                   "structured-sparsity mode)",
+                   "structured-sparsity mode); the v5p page's 'Peak compute per chip (FP8) "
+                   "(TFLOPs): 459' is the 16-bit rate",
     ),
     # AWS Neuron documentation. Trainium's own page writes "820 GiB/sec"; the NKI
     # architecture guide (used here) writes 820 GB/s and the Trainium2 page's comparison
