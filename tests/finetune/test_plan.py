@@ -66,6 +66,31 @@ def test_loras_share_of_full_fine_tuning_grows_with_the_context():
     assert s.choices["r=4 on all-linear"] > 1.2 * s.choices["r=4 on q_proj,v_proj"]
 
 
+def test_loras_two_savings_multiply_and_checkpointing_deepens_the_first():
+    kw = dict(lengths=(512, 8192), ranks=(8,), targets=(("q_proj", "v_proj"),))
+    s, c = context_sweep(**kw), context_sweep(**kw, checkpointing=True)
+    assert not s.checkpointing and c.checkpointing
+    for r in s.rows:
+        assert r.fewer_trained * r.base_in_16_bits == pytest.approx(r.lora_over_full)
+        assert r.fewer_trained < 1 and r.base_in_16_bits < 1
+    assert all(a.fewer_trained > b.fewer_trained for a, b in zip(s.rows, c.rows, strict=True))
+
+
+def test_the_consumer_cards_have_24_gb_and_their_nvidia_smi_totals():
+    from memlab.gpus import CATALOGUE, CONSUMER, CONSUMER_TOTAL_SOURCES
+
+    assert {g.name for g in CONSUMER} == set(CONSUMER_TOTAL_SOURCES) == {"RTX-3090", "RTX-4090"}
+    assert not {g.name for g in CONSUMER} & {g.name for g in CATALOGUE}  # not in the fit tables
+    assert get_gpu("rtx-4090").total_bytes == 24_564 * 2**20
+    assert get_gpu("RTX-3090").total_bytes == 24_576 * 2**20
+    for g in CONSUMER:
+        assert g.memory_label == "24 GB" and g.usable_bytes < g.total_bytes <= 24 * 2**30
+        assert g.source.startswith("https://www.nvidia.com/en-us/geforce/")
+        assert g.total_source == CONSUMER_TOTAL_SOURCES[g.name]
+    with pytest.raises(MemlabError, match="accepted: .*RTX-3090, RTX-4090"):
+        get_gpu("RTX-5090")
+
+
 def test_twenty_b_int8_stores_more_than_nf4_and_checkpointing_lowers_the_peak():
     t = twenty_b(seq_len=256)
     assert t.weights["int8"] > 1.5 * t.weights["nf4-dq"]

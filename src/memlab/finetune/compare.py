@@ -225,11 +225,11 @@ class LrSweep:
         return 0 < i < len(factors) - 1
 
 
-def lr_sweep(scale: str | None = None, *, factors=LR_FACTORS, steps: int | None = None,
-             setups=SETUPS, device=None) -> LrSweep:
+def lr_sweep(scale: str | None = None, *, config: LMConfig | None = None, factors=LR_FACTORS,
+             steps: int | None = None, setups=SETUPS, device=None) -> LrSweep:
     """Fine-tune with each set-up at each learning-rate factor; the held-out loss of each (chapter: 5)."""
     scale = get_scale(scale)
-    cfg = config_for(scale, None)
+    cfg = config_for(scale, config)
     steps = check_positive_int("steps", steps if steps is not None else STEPS[scale])
     device = str(pick_device(device))
     start = reference_model(config=cfg, device=device)

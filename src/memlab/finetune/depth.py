@@ -55,7 +55,10 @@ class DepthTable:
 def depth_table(model: str | ModelConfig = "llama2-7b", *, blocks=(1, 2, 4, 8, 16, 32),
                 traced=(), batch_size: int = 1, seq_len: int = 2048,
                 precision: str = "bf16-mixed") -> DepthTable:
-    """The last k blocks trained for each k in ``blocks``; traced with FLOPs for those in ``traced`` (chapter: 5)."""
+    """The last k blocks trained, for each k in ``blocks``, estimated (chapter: 5).
+
+    Those in ``traced`` are also traced on fake tensors, with the step's FLOPs counted.
+    """
     from memlab.finetune.compare import Setup
 
     cfg = model if isinstance(model, ModelConfig) else get_config(model)
