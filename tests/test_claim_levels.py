@@ -47,6 +47,15 @@ def _c23_lora_backward(ev, factor):
     return ev
 
 
+def _c23_freezing_saves_nothing(ev):
+    """Freezing alone (no adapters) with a backward as long as full fine-tuning's."""
+    ev = copy.deepcopy(ev)
+    for name, r in ev["rows"].items():
+        if name != "full" and not r["adapters"]:
+            r["backward"] = ev["rows"]["full"]["backward"]
+    return ev
+
+
 def _c26_peaks(ev, int8, int8_ckpt):
     """The int8 peaks at the judged length, as multiples of the usable bytes."""
     ev = copy.deepcopy(ev)
@@ -217,16 +226,19 @@ CASES = {
             CAVEAT: _c27_times(10.0, 9.0),
             WRONG: _c27_times(10.0, 20.0),
             NOT_JUDGED: lambda ev: {**ev, "record": None}},
-    "C23": {HOLDS: lambda ev: _c23_lora_backward(ev, 0.1), CAVEAT: lambda ev: ev,
-            WRONG: lambda ev: _c23_lora_backward(ev, 3.0)},
-    "C24": {HOLDS: lambda ev: {**ev, "ratio": {T: 0.3 for T in ev["ratio"]},
-                               "share": {T: 0.3 for T in ev["share"]}},
-            CAVEAT: lambda ev: {**ev, "ratio": {T: 0.3 for T in ev["ratio"]},
-                                "share": {T: 0.8 for T in ev["share"]}},
+    "C23": {HOLDS: lambda ev: _c23_lora_backward(ev, 0.1),
+            CAVEAT: lambda ev: _c23_lora_backward(ev, 3.0),
+            WRONG: _c23_freezing_saves_nothing},
+    "C24": {HOLDS: lambda ev: {**ev, "ratio": {T: 0.3 for T in ev["ratio"]}},
+            CAVEAT: lambda ev: {**ev, "ratio": {T: 0.3 if min(ev["ratio"]) == T else 0.8
+                                                for T in ev["ratio"]}},
             WRONG: lambda ev: {**ev, "ratio": {T: 0.8 for T in ev["ratio"]}}},
-    "C25": {HOLDS: lambda ev: _set(ev, ("merged", "identical"), True),
-            CAVEAT: lambda ev: _set(ev, ("merged", "identical"), False),
-            WRONG: lambda ev: _set(ev, ("unmerged", "identical"), False)},
+    "C25": {HOLDS: lambda ev: _set(_set(ev, ("check", "identical"), True),
+                                   ("check", "max_abs_diff"), 0.0),
+            CAVEAT: lambda ev: _set(_set(ev, ("check", "identical"), False),
+                                    ("check", "max_abs_diff"), 1e-6),
+            WRONG: lambda ev: _set(_set(ev, ("check", "identical"), False),
+                                   ("check", "max_abs_diff"), 0.5)},
     "C26": {HOLDS: lambda ev: _c26_peaks(ev, 0.5, 0.5), CAVEAT: lambda ev: _c26_peaks(ev, 2, 0.5),
             WRONG: lambda ev: _c26_peaks(ev, 2, 2)},
     "C28": {HOLDS: lambda ev: ev,

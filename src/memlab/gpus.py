@@ -167,16 +167,39 @@ LEGACY: tuple[GPU, ...] = (
         peak_tera_ops=(("fp16", 125.0),), bandwidth_bytes_per_s=900e9),
 )
 
+# Consumer (GeForce) cards with 24 GB, kept out of the fit tables, which hold data-centre cards:
+# a claim about "a 24 GB consumer GPU" is judged on them. Totals as nvidia-smi reports them, read
+# from published nvidia-smi outputs: 24,576 MiB on an RTX 3090 (CONSUMER_TOTAL_SOURCES) and
+# 24,564 MiB on an RTX 4090.
+CONSUMER_TOTAL_SOURCES = {
+    "RTX-3090": "https://github.com/noonghunna/club-3090/issues/1128",
+    "RTX-4090": "https://github.com/RLinf/RLinf/issues/255",
+}
+CONSUMER: tuple[GPU, ...] = (
+    GPU("RTX-3090", _gib(24), "24 GB", "GiB", "GDDR6X", bf16_tensor_cores=True,
+        flash_attention_2=True,
+        source="https://www.nvidia.com/en-us/geforce/graphics-cards/30-series/rtx-3090-3090ti/",
+        total_bytes=24_576 * MiB, total_source=CONSUMER_TOTAL_SOURCES["RTX-3090"],
+        compute_capability="8.6", tensor_core_formats=("tf32", "bf16", "fp16", "int8", "int4")),
+    GPU("RTX-4090", _gib(24), "24 GB", "GiB", "GDDR6X", bf16_tensor_cores=True,
+        flash_attention_2=True,
+        source="https://www.nvidia.com/en-us/geforce/graphics-cards/40-series/rtx-4090/",
+        total_bytes=24_564 * MiB, total_source=CONSUMER_TOTAL_SOURCES["RTX-4090"],
+        compute_capability="8.9",
+        tensor_core_formats=("tf32", "bf16", "fp16", "fp8", "int8", "int4")),
+)
+
 
 def get_gpu(name: str | GPU) -> GPU:
-    """The catalogue entry for a GPU name such as 'T4' or 'A100-80GB', any case (chapter: 1)."""
+    """The catalogue entry for a GPU name such as 'T4', 'A100-80GB' or 'RTX-4090', any case (chapter: 1)."""
     if isinstance(name, GPU):
         return name
     if isinstance(name, str):
-        for gpu in CATALOGUE:
+        for gpu in CATALOGUE + CONSUMER:
             if gpu.name.lower() == name.strip().lower():
                 return gpu
-    check_choice("GPU", name, GPU_NAMES)  # raises: names the bad value and the accepted ones
+    # raises: names the bad value and the accepted ones
+    check_choice("GPU", name, GPU_NAMES + tuple(g.name for g in CONSUMER))
     raise AssertionError("unreachable")  # pragma: no cover
 
 

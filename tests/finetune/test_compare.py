@@ -39,6 +39,17 @@ def test_memory_falls_with_what_trains(comp):
     assert qlora.categories["parameters"] < lora.categories["parameters"]  # the 4-bit base
 
 
+def test_each_row_is_at_its_own_factor_and_is_the_sweeps_run_at_that_factor(comp):
+    from memlab.finetune.compare import SETUPS, lr_factor, lr_sweep
+
+    assert comp.base_lr == TINY_LM.lr
+    assert all(r.lr_factor == lr_factor(r.name) for r in comp.rows)
+    lora = next(s for s in SETUPS if s.name == "LoRA q,v r=4")
+    sweep = lr_sweep(config=TINY_LM, steps=6, factors=(lr_factor(lora.name),), setups=(lora,),
+                     device="cpu")
+    assert sweep.rows[0].loss == comp.row(lora.name).quality.loss  # adapters from a fixed seed
+
+
 def test_the_result_is_storable_and_bad_names_are_refused(comp):
     writable_type(type(comp))
     with pytest.raises(MemlabError, match="unknown set-up 'lora'"):

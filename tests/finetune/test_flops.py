@@ -37,6 +37,18 @@ def test_freezing_drops_weight_gradients_and_the_layers_below(x):
     assert step_flops(head_only, x).backward < last.backward
 
 
+def test_weights_left_out_of_the_optimizer_save_no_flops():
+    from memlab.errors import MemlabError
+    from memlab.finetune.compare import SETUPS
+    from memlab.finetune.flops import flops_table
+
+    t = flops_table(setups=SETUPS[:2], frozen_by="optimizer")
+    assert t.row("last block").flops == t.row("full").flops
+    assert t.row("last block").trainable_parameters < t.row("full").trainable_parameters
+    with pytest.raises(MemlabError, match="frozen_by"):
+        flops_table(frozen_by="lr")
+
+
 def test_lora_keeps_the_input_gradients_of_every_frozen_layer(x):
     full = step_flops(build_model(TINY, seed=0), x)
     m = build_model(TINY, seed=0)

@@ -9,7 +9,7 @@ from memlab._lazy import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "memlab.finetune.compare": (
-        "FINETUNE_LR_FACTOR",
+        "FINETUNE_LR_FACTORS",
         "LR_FACTORS",
         "SETUPS",
         "FinetuneComparison",
@@ -17,6 +17,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "Setup",
         "SetupResult",
         "finetune_comparison",
+        "lr_factor",
         "lr_sweep",
         "shifted",
     ),

@@ -18,8 +18,8 @@ COMPARE_SIZES = {scale: dict(steps=STEPS[scale]) for scale in ("ci", "full")}
 
 @register("finetune-compare", chapter=_CH5,
           summary="the chapter 3 model fine-tuned on a new chain with every set-up (full, last "
-                  "block, LoRA at two ranks and on every linear, QLoRA): memory by category, "
-                  "time, trainable parameters, held-out loss",
+                  "block, LoRA at two ranks and on every linear, QLoRA), each at its own "
+                  "learning rate: memory by category, time, trainable parameters, held-out loss",
           sizes=COMPARE_SIZES, result=FinetuneComparison, needs="any", cost_s=300, priority=320)
 def finetune_compare(scale: str | None = None) -> FinetuneComparison:
     """Every set-up from the same start on the same batches (chapter: 5)."""
@@ -30,9 +30,9 @@ def finetune_compare(scale: str | None = None) -> FinetuneComparison:
 
 
 @register("finetune-lr", chapter=_CH5,
-          summary="every fine-tuning set-up at 1, 4 and 10 times the base learning rate: the "
-                  "held-out loss after the same steps, which picks the fine-tuning learning rate",
-          sizes=COMPARE_SIZES, result=LrSweep, needs="any", cost_s=400, priority=325)
+          summary="every fine-tuning set-up at 1 to 40 times the base learning rate: the "
+                  "held-out loss after the same steps, which picks each set-up's learning rate",
+          sizes=COMPARE_SIZES, result=LrSweep, needs="any", cost_s=700, priority=325)
 def finetune_lr(scale: str | None = None) -> LrSweep:
     """Held-out loss of each set-up at each learning-rate factor (chapter: 5)."""
     from memlab.finetune.compare import lr_sweep
@@ -105,13 +105,13 @@ def finetune_reference(scale: str | None = None) -> ReferenceResult:
     return reference_experiment(scale, **REFERENCE_SIZES[scale])
 
 
-TWENTY_B_SIZES = {scale: dict(gpu="L4", batch_size=1, seq_len=512, r=16)
+TWENTY_B_SIZES = {scale: dict(gpu="RTX-4090", batch_size=1, seq_len=512, r=16)
                   for scale in ("ci", "full")}
 
 
 @register("finetune-20b", chapter=_CH5,
           summary="GPT-NeoX-20B's shapes with an int8 or NF4 base and LoRA on every linear, "
-                  "checkpointing off and on, against a 24 GB card (estimated)",
+                  "checkpointing off and on, against a 24 GB consumer card (estimated)",
           sizes=TWENTY_B_SIZES, result=TwentyB, needs="cpu", cost_s=10, priority=260)
 def finetune_20b(scale: str | None = None) -> TwentyB:
     """A 20B model's LoRA peaks with a quantized base (chapter: 5)."""

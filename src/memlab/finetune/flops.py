@@ -71,11 +71,18 @@ class FlopsTable:
 
 
 def flops_table(model: str = "tiny", *, batch_size: int = 2, seq_len: int = 32,
-                setups=None) -> FlopsTable:
-    """Forward and backward FLOPs of a step for each set-up, eager attention, counted (chapter: 5)."""
+                setups=None, frozen_by: str = "requires_grad") -> FlopsTable:
+    """Forward and backward FLOPs of a step for each set-up, eager attention, counted (chapter: 5).
+
+    ``frozen_by="optimizer"`` freezes as some training scripts do, by leaving the weights out of
+    the optimizer: their ``requires_grad`` stays on, so autograd still computes their gradients.
+    """
     import copy
 
+    from memlab.errors import check_choice
     from memlab.finetune.compare import SETUPS
+
+    check_choice("frozen_by", frozen_by, ("requires_grad", "optimizer"))
     from memlab.finetune.freeze import count_trainable
     from memlab.model.config import get_config
     from memlab.model.transformer import Transformer
@@ -90,5 +97,8 @@ def flops_table(model: str = "tiny", *, batch_size: int = 2, seq_len: int = 32,
     for s in chosen:
         m = copy.deepcopy(base)
         s.prepare(m)
-        rows.append(FlopsRow(s.name, count_trainable(m), step_flops(m, idx)))
+        trainable = count_trainable(m)
+        if frozen_by == "optimizer":
+            m.requires_grad_(True)
+        rows.append(FlopsRow(s.name, trainable, step_flops(m, idx)))
     return FlopsTable(cfg.name, batch_size, seq_len, tuple(rows))
