@@ -1,4 +1,4 @@
-"""The optimizer step an offload runs on the CPU: seconds per parameter, recorded or measured (chapter 7).
+"""An offload's CPU optimizer step, seconds per parameter: recorded or measured (chapter 7).
 
 Offloading the optimizer (ZeRO-Offload, FSDP2's ``CPUOffloadPolicy``) moves AdamW's step to
 the host: every parameter's fp32 master copy and both moments are read and written by the

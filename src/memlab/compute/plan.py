@@ -115,7 +115,7 @@ class PlanRow:
 
     @property
     def label(self) -> str:
-        """The set-up in words, e.g. 'full, ZeRO-3 on 8 GPUs, 4 sequences × 16 accumulation steps' (chapter: 7)."""
+        """The set-up in words: 'full, ZeRO-3 on 8 GPUs, 4 sequences × 16 accumulation steps' (chapter: 7)."""
         what = {"full": "full", "lora": f"LoRA r={LORA_RANK}",
                 "qlora": f"QLoRA r={LORA_RANK} ({QLORA_BASE} base)"}[self.trains]
         parts = [what, f"ZeRO-{self.zero_stage} on {self.gpus} GPU{'s' if self.gpus > 1 else ''}"]
@@ -264,7 +264,7 @@ def _flops(cfg, trains, precision, ckpt, B, T) -> int:
 # Seconds of a set-up ------------------------------------------------------------------------
 def comm_seconds_per_step(parameters: int, stage: int, gpus: int, grad_accum: int, *,
                           intra: str = "a100-nvlink3") -> float:
-    """Seconds one GPU sends per optimizer step of ``grad_accum`` micro-batches at a ZeRO stage (chapter: 7).
+    """Seconds one GPU sends per optimizer step of ``grad_accum`` micro-batches, by stage (chapter: 7).
 
     Stages 0 and 1 (DDP, DDP + ZeroRedundancyOptimizer): gradients accumulate locally under
     ``no_sync`` and are all-reduced once per optimizer step, 2Ψ. Stages 2 and 3 (FSDP2, as
@@ -280,7 +280,7 @@ def comm_seconds_per_step(parameters: int, stage: int, gpus: int, grad_accum: in
 
 
 def dequantization_bytes(model: ModelConfig | str, scheme: str = QLORA_BASE) -> int:
-    """Bytes one dequantization of a quantized base moves: codes and scales read, 16 bits written (chapter: 7).
+    """Bytes one dequantization of a quantized base moves: stored bytes read, 16 bits written (chapter: 7).
 
     Over every block linear (the layers a QLoRA base quantizes): the stored bytes
     (:func:`memlab.finetune.estimate.quantized_weight_bytes`) read and a 16-bit copy written,
