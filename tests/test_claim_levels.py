@@ -65,11 +65,12 @@ def _c26_peaks(ev, int8, int8_ckpt):
     return ev
 
 
-def _c44_full(ev, flops):
-    """Chapter 7: full checkpointing adding ``flops`` of the step with either attention."""
+def _c44_flops(ev, flops, attentions=None):
+    """Chapter 7: the judged plan adding ``flops`` of the step with these attentions (all)."""
     ev = copy.deepcopy(ev)
-    for curve in ev["curves"].values():
-        curve["full"]["flops"] = flops
+    for att, trade in ev["trades"].items():
+        if attentions is None or att in attentions:
+            trade["flops"] = flops
     return ev
 
 
@@ -273,12 +274,12 @@ CASES = {
             WRONG: lambda ev: ev},
     "C38": {HOLDS: lambda ev: ev, WRONG: lambda ev: {**ev, "tp_share": [1.0, 1.0]},
             NOT_JUDGED: lambda ev: {**ev, "dp_world": 1}},
-    "C40": {HOLDS: lambda ev: _set({**ev, "ratios": dict.fromkeys(ev["ratios"], 1.0)},
-                                   ("fits", "hoffmann-approach-3", "tokens_per_param"), 20.0),
-            CAVEAT: lambda ev: ev,
+    "C40": {HOLDS: lambda ev: ev,
+            CAVEAT: lambda ev: _set(ev, ("ratios", next(iter(ev["ratios"]))), 1.3),
             WRONG: lambda ev: _set(ev, ("fits", "besiroglu-refit", "tokens_per_param"), 80.0)},
-    "C44": {HOLDS: lambda ev: _c44_full(ev, 0.01), CAVEAT: lambda ev: ev,
-            WRONG: lambda ev: _set(ev, ("curves", "eager", "selective", "saving"), 0.1)},
+    "C44": {HOLDS: lambda ev: _c44_flops(ev, 0.01),
+            CAVEAT: lambda ev: _c44_flops(ev, 0.01, (ev["attention"],)),
+            WRONG: lambda ev: ev},
     "C43": {HOLDS: _c43_timed((0.5, 0.6, 0.7)), CAVEAT: _c43_timed((1.5, 1.2, 0.7)),
             WRONG: _c43_timed((1.5, 1.2, 1.1)), NOT_JUDGED: lambda ev: {**ev, "timed": {}}},
 }

@@ -14,6 +14,7 @@ from memlab.compute.accumulation import (
     accumulation_sweep,
     divisors,
     gamma,
+    micro_batch_trade,
 )
 from memlab.errors import MemlabError
 from memlab.model.config import get_config
@@ -42,6 +43,23 @@ def test_sweep_peaks_fall_with_the_micro_batch_and_match_the_estimate(experiment
         assert r.measured_over_estimated == pytest.approx(1.0, rel=0.02)
         assert r.step_ms > 0 and r.ms_per_sample == pytest.approx(r.step_ms / sweep.global_batch)
     assert "measured" in sweep.table()
+
+
+def test_the_micro_batch_trade_reads_rows_by_size_not_place(experiment):
+    """A smaller micro-batch lowers the peak and raises the time per sample: the sentence goes
+    from the largest micro-batch to the smallest whatever order the rows come in."""
+    from dataclasses import replace
+
+    sweep = experiment.sweep
+    flipped = replace(sweep, rows=tuple(reversed(sweep.rows)))
+    small, large = sweep.smallest_and_largest()
+    assert (small.micro_batch, large.micro_batch) == (1, 4)
+    assert flipped.smallest_and_largest() == (small, large)
+    text = micro_batch_trade(sweep)
+    assert text == micro_batch_trade(flipped)
+    assert text.startswith("micro-batch 4 -> 1 (1 -> 4 accumulation steps): peak ")
+    assert f"{large.measured_peak_bytes / 2**20:.2f} -> {small.measured_peak_bytes / 2**20:.2f} MiB" in text
+    assert small.measured_peak_bytes < large.measured_peak_bytes
 
 
 def test_accumulated_update_equals_the_whole_batch_update(experiment):

@@ -198,3 +198,26 @@ def test_cli_refuses_bad_plans_in_one_line(args, message):
     proc = _cli("estimate", "--model", "tiny", "--batch-size", "1", "--seq-len", "16", *args)
     assert proc.returncode == 2
     assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_saved_bytes_per_btc_against_korthikanti():
+    """The estimator's bytes per B T C: GPT-2 in 16 bits with SDPA is Korthikanti et al.'s 34
+    less their two dropout masks (one byte per element each), which the book's GPT-2 has not;
+    Llama-2-7B's does not depend on the length with SDPA."""
+    from memlab.compute.checkpointing import KORTHIKANTI_BYTES_PER_BTC, saved_bytes_per_btc
+
+    gpt2 = saved_bytes_per_btc("gpt2", precision="bf16", attention="sdpa")
+    assert abs(gpt2 - (KORTHIKANTI_BYTES_PER_BTC - 2)) < 0.2
+    llama = saved_bytes_per_btc("llama2-7b", attention="sdpa")
+    assert llama == pytest.approx(saved_bytes_per_btc("llama2-7b", attention="sdpa",
+                                                      seq_len=2048), rel=1e-3)
+    assert 50 < llama < 60  # bf16 autocast: fp32 residual stream and norms, SwiGLU's wide MLP
+
+
+def test_quoted_figures_carry_their_sources():
+    from memlab.compute.checkpointing import KORTHIKANTI_SOURCE
+    from memlab.compute.flops import QUOTED_MFU
+
+    assert KORTHIKANTI_SOURCE.startswith("https://arxiv.org/")
+    for q in QUOTED_MFU:
+        assert 0 < q.mfu < 1 and q.source.startswith("https://") and "quoted" in q.label

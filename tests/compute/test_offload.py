@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from memlab.compute.cpu_step import measure_cpu_step_rate
 from memlab.compute.flops import rule_flops
 from memlab.compute.offload import (
     DEFAULT_STAGES,
@@ -18,6 +19,7 @@ from memlab.compute.offload import (
     offload_table,
     offload_verdict,
     paged_optimizer_status,
+    recorded_cpu_step_rate,
     transfer_seconds,
 )
 from memlab.distributed.estimate import estimate_sharded
@@ -89,7 +91,7 @@ def test_compute_seconds_formula():
 
 
 def test_table_rows_use_the_sharded_estimate_and_the_traffic():
-    t = offload_table("tiny", batch_size=2, seq_len=32, link="pcie4-x16")
+    t = offload_table("tiny", batch_size=2, seq_len=32, link="pcie4-x16", cpu_step=0.0)
     assert [r.offload for r in t.rows] == list(DEFAULT_STAGES)
     n = t.parameters
     for r in t.rows:
@@ -107,20 +109,72 @@ def test_table_rows_use_the_sharded_estimate_and_the_traffic():
 
 
 def test_nearly_free_or_dominates_depends_on_the_inputs():
-    # A small batch on PCIe 4: the transfers take longer than the compute.
-    small = offload_table("llama2-7b", batch_size=1, seq_len=128, link="pcie4-x16")
+    # The link alone (a CPU step taking no time): a small batch on PCIe 4, the transfers take
+    # longer than the compute.
+    small = offload_table("llama2-7b", batch_size=1, seq_len=128, link="pcie4-x16", cpu_step=0.0)
     assert small.row("optimizer").verdict == "dominates"
     assert small.row("params").transfer_over_compute > 1
     # Many tokens per step: the same bytes hide behind the compute.
-    large = offload_table("llama2-7b", batch_size=64, seq_len=4096, link="pcie4-x16")
+    large = offload_table("llama2-7b", batch_size=64, seq_len=4096, link="pcie4-x16",
+                          cpu_step=0.0)
     assert large.row("optimizer").verdict == "nearly free"
     assert large.row("optimizer").link_bytes == small.row("optimizer").link_bytes
     # The same step, only the link changes: comparable over PCIe 4, nearly free over NVLink-C2C.
-    mid = {link: offload_table("llama-1b", batch_size=16, seq_len=2048, link=link)
+    mid = {link: offload_table("llama-1b", batch_size=16, seq_len=2048, link=link, cpu_step=0.0)
            for link in ("pcie4-x16", "nvlink-c2c")}
     assert mid["pcie4-x16"].row("optimizer").verdict == "comparable"
     assert mid["nvlink-c2c"].row("optimizer").verdict == "nearly free"
     assert small.row("none").verdict == "nothing moved"
+
+
+def test_the_cpu_optimizer_step_is_counted():
+    """The CPU step scales with the parameters, not the tokens, and turns 'nearly free' into
+    'dominates' where it is large beside the compute."""
+    rate = recorded_cpu_step_rate()
+    assert rate is not None and rate.kind == "recorded" and "recorded on" in rate.label
+    small = offload_table("tiny", batch_size=32, seq_len=4096 // 32, link="pcie4-x16")
+    big = offload_table("llama2-7b", batch_size=32, seq_len=4096, link="pcie4-x16")
+    assert big.cpu_step_s_per_parameter == rate.seconds_per_parameter
+    for off in ("optimizer", "params"):
+        assert big.row(off).cpu_step_s == pytest.approx(rate.seconds_per_parameter
+                                                        * big.parameters)
+        assert big.row(off).cpu_step_s / small.row(off).cpu_step_s == pytest.approx(
+            big.parameters / small.parameters)
+        assert big.row(off).added_s == big.row(off).transfer_s + big.row(off).cpu_step_s
+    assert big.row("none").cpu_step_s == 0
+    link_only = offload_table("llama2-7b", batch_size=32, seq_len=4096, link="pcie4-x16",
+                              cpu_step=0.0)
+    assert link_only.row("optimizer").verdict == "nearly free"
+    assert big.row("optimizer").verdict == "dominates"  # the CPU step, not the link
+    assert big.row("optimizer").transfer_s < big.row("optimizer").compute_s \
+        < big.row("optimizer").cpu_step_s
+    # It does not grow with the tokens: enough tokens per step make it nearly free again.
+    tokens = big.tokens_for("optimizer")
+    seq = 4096
+    enough = offload_table("llama2-7b", batch_size=-(-tokens // seq), seq_len=seq,
+                           link="pcie4-x16")
+    assert enough.row("optimizer").verdict == "nearly free"
+    assert enough.row("optimizer").cpu_step_s == big.row("optimizer").cpu_step_s
+
+
+def test_the_recorded_rate_gives_back_the_records_step():
+    """Applied to the record's own run, the cost model's offload terms equal the seconds the
+    offload added there."""
+    from memlab.results import recorded
+
+    rec = recorded("distributed-memory", device="cuda")
+    runs = {r["strategy"]: r for r in rec.result["runs"]}
+    rate = recorded_cpu_step_rate()
+    n = rec.result["parameters"]
+    moved = host_link_bytes(n, offload="params", zero_stage=3, layout=rec.result["layout"])
+    added = moved.total_bytes / HOST_LINKS["pcie5-x16"].bytes_per_s + rate.seconds(n)
+    assert added == pytest.approx(runs["offload"]["step_seconds"] - runs["zero3"]["step_seconds"])
+
+
+def test_a_cpu_step_measured_here():
+    r = measure_cpu_step_rate(2**16, tensors=4, repeats=1)
+    assert r.kind == "measured" and r.seconds_per_parameter > 0 and r.parameters == 2**16
+    assert "measured here" in r.label
 
 
 def test_offload_verdict_thresholds():
@@ -212,6 +266,9 @@ def test_errors_are_one_line():
     with pytest.raises(MemlabError) as e:
         offload_table("tiny", batch_size=2, seq_len=32, mfu=1.5)
     assert "mfu" in _one_line(e)
+    with pytest.raises(MemlabError) as e:
+        offload_table("tiny", batch_size=2, seq_len=32, cpu_step=-1.0)
+    assert "cpu_step" in _one_line(e)
     with pytest.raises(MemlabError) as e:
         offload_verdict(1.0, 1.0, free_below=2)
     assert "free_below" in _one_line(e)

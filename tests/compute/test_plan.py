@@ -6,13 +6,14 @@ import sys
 
 import pytest
 
-from memlab.compute.plan import LORA_RANK, plan_training
+from memlab.compute.plan import LORA_RANK, micro_batch_words, plan_training, step_cost
 from memlab.distributed.estimate import estimate_sharded
 from memlab.errors import MemlabError
 from memlab.finetune import LoraConfig
 from memlab.finetune.compare import Setup
 from memlab.gpus import GPU, get_gpu
 from memlab.measure.step import trace_step
+from memlab.model.config import get_config
 from memlab.units import UNITS
 
 # A made-up 3 GiB GPU (2 GiB usable): GPT-2's 124M parameters need ZeRO or adapters on it.
@@ -34,7 +35,8 @@ def test_every_row_fits_and_the_rows_are_cheapest_first(small_plan):
     assert costs == sorted(costs)
     for r in rows:
         assert r.gpus * r.micro_batch * r.grad_accum == 16
-        assert r.step_s == pytest.approx(r.compute_s + r.comm_s + r.offload_s)
+        assert r.step_s == pytest.approx(r.compute_s + r.comm_s + r.offload_s + r.cpu_step_s
+                                         + r.dequant_s)
     # Plain data parallelism on one GPU does not fit: the planner had to shard or adapt.
     assert not any(r.trains == "full" and r.zero_stage == 0 for r in rows)
     assert {r.trains for r in rows} == {"full", "lora"}
@@ -90,12 +92,80 @@ def test_offload_costs_grow_with_accumulation():
     assert many > one > 0
 
 
+def test_zero3_communicates_every_micro_batch_and_ddp_once_per_step():
+    """Per optimizer step, ZeRO-2/3's collectives grow with the accumulation steps; DDP's and
+    ZeRO-1's do not (no_sync: one all-reduce per optimizer step)."""
+    from memlab.compute.plan import comm_seconds_per_step
+
+    n, gpus = 10**9, 8
+    for stage in (0, 1):
+        one = comm_seconds_per_step(n, stage, gpus, 1)
+        assert one > 0 and comm_seconds_per_step(n, stage, gpus, 16) == one
+    for stage, factor in ((2, 2), (3, 3)):
+        one = comm_seconds_per_step(n, stage, gpus, 1)
+        assert comm_seconds_per_step(n, stage, gpus, 16) == pytest.approx(16 * one)
+        assert one == pytest.approx(factor / 2 * comm_seconds_per_step(n, 0, gpus, 1))
+    # In the plan: the same ZeRO-3 set-up at a smaller micro-batch (more accumulation) sends more.
+    kw = dict(trains="full", zero_stage=3, gpus=2, seq_len=4096)
+    few = step_cost("llama2-7b", "A100-80GB", micro_batch=8, grad_accum=2, **kw)
+    many = step_cost("llama2-7b", "A100-80GB", micro_batch=1, grad_accum=16, **kw)
+    assert many.comm_s == pytest.approx(8 * few.comm_s) and many.compute_s == few.compute_s
+    ddp = dict(kw, zero_stage=1)
+    assert step_cost("llama2-7b", "A100-80GB", micro_batch=1, grad_accum=16, **ddp).comm_s \
+        == step_cost("llama2-7b", "A100-80GB", micro_batch=8, grad_accum=2, **ddp).comm_s
+
+
+def test_a_4bit_base_costs_its_dequantization():
+    """At the same shape, QLoRA's step costs more than LoRA's: the base is dequantized to 16 bits
+    in every forward and backward (and recomputation), bytes over the GPU's bandwidth."""
+    from memlab.compute.plan import DEQUANT_PASSES, dequantization_bytes, dequantization_seconds
+    from memlab.finetune.counts import block_linear_shapes
+
+    kw = dict(micro_batch=2, grad_accum=8, seq_len=4096)
+    lora = step_cost("llama2-7b", "A100-80GB", trains="lora", **kw)
+    qlora = step_cost("llama2-7b", "A100-80GB", trains="qlora", **kw)
+    assert lora.dequant_s == 0 and qlora.dequant_s > 0
+    assert qlora.step_s > lora.step_s
+    assert qlora.compute_s == lora.compute_s and qlora.comm_s == lora.comm_s
+    cfg = get_config("llama2-7b")
+    weights = cfg.n_layer * sum(i * o for i, o, _ in block_linear_shapes(cfg).values())
+    moved = dequantization_bytes(cfg)
+    assert 2.5 * weights < moved < 2.6 * weights  # ~0.52 bytes read (4.127 bits) + 2 written
+    bw = get_gpu("A100-80GB").bandwidth_bytes_per_s
+    assert qlora.dequant_s == pytest.approx(8 * DEQUANT_PASSES * moved / bw)
+    ckpt = dequantization_seconds(cfg, "A100-80GB", 8, checkpointing=True)
+    assert ckpt == pytest.approx(qlora.dequant_s * (DEQUANT_PASSES + 1) / DEQUANT_PASSES)
+
+
+def test_offloaded_rows_count_the_cpu_optimizer_step():
+    kw = dict(trains="full", zero_stage=2, offload="optimizer", micro_batch=2, grad_accum=8,
+              seq_len=4096)
+    slow = step_cost("llama2-7b", "A100-80GB", cpu_step=5e-9, **kw)
+    none = step_cost("llama2-7b", "A100-80GB", cpu_step=0.0, **kw)
+    n = get_config("llama2-7b").num_parameters()
+    assert slow.cpu_step_s == pytest.approx(5e-9 * n) and none.cpu_step_s == 0
+    assert slow.step_s - none.step_s == pytest.approx(5e-9 * n)
+    assert step_cost("llama2-7b", "A100-80GB", trains="full", zero_stage=2, micro_batch=2,
+                     grad_accum=8, seq_len=4096, cpu_step=5e-9).cpu_step_s == 0
+
+
+def test_rows_say_sequences_and_accumulation_steps(small_plan):
+    for r in small_plan.rows:
+        words = micro_batch_words(r.micro_batch, r.grad_accum)
+        assert r.label.endswith(words)
+        assert f"{r.micro_batch} x {r.grad_accum}" not in r.label
+    assert micro_batch_words(2, 256) == "2 sequences × 256 accumulation steps"
+    assert micro_batch_words(1, 1) == "1 sequence × 1 accumulation step"
+    text = small_plan.reading()
+    assert text.startswith("The cheapest set-up is " + small_plan.rows[0].label)
+
+
 def test_nothing_fits_is_said_with_the_smallest_peak():
     p = plan_training("llama2-70b", "T4", global_batch=8, seq_len=4096, trains="full",
                       gpu_counts=(1,))
     assert p.rows == ()
     assert p.smallest_peak_bytes > get_gpu("T4").usable_bytes
-    assert "nothing fits" in p.table()
+    assert "nothing fits" in p.table() and p.reading().startswith("Nothing fits")
     with pytest.raises(MemlabError, match="no set-up training full fits T4"):
         p.best("full")
 

@@ -290,9 +290,11 @@ def test_accumulation_buffer_leaves_exact_zeros_off_the_log_axis(buffer):
 def test_offload_costs_draws_seconds_and_a_verdict_per_row(table):
     fig = mplot.offload_costs(table)
     ax = fig.axes[0]
-    transfer, compute = ax.containers
-    moved = [r for r in table.rows if r.transfer_s > 0]
+    transfer, cpu_step, compute = ax.containers
+    moved = [r for r in table.rows if r.added_s > 0]
     assert [b.get_height() for b in transfer] == [r.transfer_s for r in moved]
+    assert [b.get_height() for b in cpu_step] == [r.cpu_step_s for r in moved]
+    assert [b.get_y() for b in cpu_step] == [r.transfer_s for r in moved]  # stacked on it
     assert [b.get_height() for b in compute] == [r.compute_s for r in table.rows]
     assert len(moved) == len(table.rows) - 1  # 'none' moves nothing: no bar on a log axis
     assert [t.get_text().split("\n")[0] for t in ax.texts] == [r.verdict for r in table.rows]

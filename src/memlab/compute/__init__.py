@@ -14,6 +14,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "accumulated_update",
         "accumulation_buffer",
         "accumulation_sweep",
+        "micro_batch_trade",
     ),
     "memlab.compute.checkpointing": (
         "CKPT_CI",
@@ -47,16 +48,23 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "time_train_step",
         "tried_peak",
     ),
+    "memlab.compute.cpu_step": (
+        "CpuStepRate",
+        "measure_cpu_step_rate",
+    ),
     "memlab.compute.offload": (
         "HOST_LINKS",
         "OffloadedAdamW",
         "host_link_bytes",
         "offload_table",
         "paged_optimizer_status",
+        "recorded_cpu_step_rate",
     ),
     "memlab.compute.plan": (
         "MemoryPlan",
+        "micro_batch_words",
         "plan_training",
+        "step_cost",
     ),
     "memlab.compute.scaling": (
         "PUBLISHED",

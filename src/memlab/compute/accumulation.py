@@ -138,6 +138,13 @@ class AccumulationSweep:
                      measured_over_estimated=round(r.measured_over_estimated, 3),
                      ms_per_sample=round(r.ms_per_sample, 2)) for r in self.rows]
 
+    def smallest_and_largest(self) -> tuple[AccumulationRow, AccumulationRow]:
+        """The rows of the smallest and the largest micro-batch, by size, in any order (chapter: 7)."""
+        if not self.rows:
+            raise MemlabError("the sweep has no rows")
+        by_size = sorted(self.rows, key=lambda r: r.micro_batch)
+        return by_size[0], by_size[-1]
+
     def table(self, unit: str = "MiB") -> str:
         """The sweep as a text table: peaks measured and estimated, time per sample (chapter: 7)."""
         lines = [f"gradient accumulation on {self.device}: {self.model} ({self.parameters:,} "
@@ -151,6 +158,21 @@ class AccumulationSweep:
                          f"{to_unit(r.estimated_peak_bytes, unit):>16.3f}"
                          f"{r.measured_over_estimated:>8.3f}{r.ms_per_sample:>11.3f}")
         return "\n".join(lines)
+
+
+def micro_batch_trade(sweep: AccumulationSweep, unit: str = "MiB") -> str:
+    """What a smaller micro-batch buys and costs in a sweep, in words, measured (chapter: 7).
+
+    From the largest micro-batch to the smallest (rows picked by their size, not their place):
+    the peak and the time per sample, e.g. 'micro-batch 4 -> 1 (1 -> 4 accumulation steps):
+    peak 9.12 -> 5.40 MiB, 1.10 -> 2.30 ms per sample'.
+    """
+    small, large = sweep.smallest_and_largest()
+    return (f"micro-batch {large.micro_batch} -> {small.micro_batch} ({large.grad_accum_steps} "
+            f"-> {small.grad_accum_steps} accumulation steps): peak "
+            f"{to_unit(large.measured_peak_bytes, unit):.2f} -> "
+            f"{to_unit(small.measured_peak_bytes, unit):.2f} {unit}, "
+            f"{large.ms_per_sample:.2f} -> {small.ms_per_sample:.2f} ms per sample")
 
 
 def _check_micro_batches(global_batch: int, micro_batches) -> tuple[int, ...]:

@@ -22,13 +22,51 @@ from dataclasses import asdict, dataclass
 
 from memlab.compute.flops import step_flops
 from memlab.device import get_scale, pick_device, refuse_if_too_big
-from memlab.errors import MemlabError
+from memlab.errors import MemlabError, check_positive_int
 from memlab.measure.step import measure_step, trace_step
 from memlab.measure.timing import time_ms
 from memlab.memory.estimator import estimate
 from memlab.model.checkpoint import Checkpointing, parse_checkpointing, sqrt_segments
 from memlab.model.config import ModelConfig, get_config
 from memlab.model.step import StepSpec
+
+# Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", arXiv
+# 2205.05198, section 4.1, equation (1): a GPT block keeps sbh(34 + 5as/h) bytes in 16 bits
+# (dropout masks included): 34 B T C without the attention scores. Section 4.2: selective
+# recomputation cuts GPT-3's activations by 70% for 2.7% more FLOPs.
+KORTHIKANTI_SOURCE = "https://arxiv.org/abs/2205.05198"
+KORTHIKANTI_BYTES_PER_BTC = 34  # quoted: a GPT block's saved bytes over B T C, scores aside
+KORTHIKANTI_SELECTIVE_CUT = 0.70  # quoted: GPT-3's activation memory removed by selective
+KORTHIKANTI_SELECTIVE_FLOPS = 0.027  # quoted: the FLOPs selective recomputation adds for GPT-3
+
+
+def saved_bytes_per_btc(model: ModelConfig | str, *, precision: str = "bf16-mixed",
+                        attention: str | None = None, seq_len: int = 512,
+                        device: str = "cuda") -> float:
+    """A block's saved activations over B x T x C: the bytes that grow with the tokens (chapter: 7).
+
+    The estimator's saved tensors of one block (:func:`memlab.memory.activations.saved_tensors`,
+    scope ``layer``) at batch 2 minus batch 1, over T x C: what a block keeps per token and per
+    unit of width, without what does not grow with the batch (autocast's 16-bit weight copies,
+    RoPE's tables). With SDPA it does not depend on ``seq_len``; eager attention adds its
+    T x T tensors, which grow with it. Korthikanti et al.'s 34 (:data:`KORTHIKANTI_BYTES_PER_BTC`)
+    is this number for a GPT block in 16 bits with dropout, the scores left out.
+    """
+    from memlab.memory.activations import saved_tensors
+
+    cfg = get_config(model) if isinstance(model, str) else model
+    if attention is not None:
+        from dataclasses import replace
+
+        cfg = replace(cfg, attention=attention)
+    T = check_positive_int("seq_len", seq_len)
+
+    def block(B: int) -> int:
+        return sum(t.bytes for t in saved_tensors(cfg, batch_size=B, seq_len=T,
+                                                  precision=precision, device=device)
+                   if t.scope == "layer")
+
+    return (block(2) - block(1)) / (T * cfg.d_model)
 
 
 @dataclass(frozen=True)
@@ -117,14 +155,26 @@ def curve_plans(n_layer: int, ks=None) -> tuple[Checkpointing, ...]:
 
 def checkpointing_curve(model: ModelConfig | str, *, batch_size: int, seq_len: int,
                         precision: str = "bf16-mixed", attention: str | None = None,
-                        ks=None, device: str = "cuda") -> CheckpointCurve:
-    """Saved bytes, peak and FLOPs of every checkpointing plan of one step, estimated (chapter: 7)."""
+                        ks=None, device: str = "cuda", plans=None) -> CheckpointCurve:
+    """Saved bytes, peak and FLOPs of every checkpointing plan of one step, estimated (chapter: 7).
+
+    ``plans`` (names or plans) picks some instead of :func:`curve_plans`; ``none`` is always
+    the first row, what the others save against.
+    """
     cfg = get_config(model) if isinstance(model, str) else model
     base = StepSpec(cfg, batch_size=batch_size, seq_len=seq_len, precision=precision,
                     attention=attention)
     none = step_flops(base)
+    if plans is None:
+        chosen = curve_plans(cfg.n_layer, ks)
+    else:
+        chosen = [Checkpointing("none")]
+        for p in plans:
+            q = parse_checkpointing(p)
+            if q not in chosen:
+                chosen.append(q)
     rows = []
-    for plan in curve_plans(cfg.n_layer, ks):
+    for plan in chosen:
         spec = StepSpec(cfg, batch_size=batch_size, seq_len=seq_len, precision=precision,
                         attention=attention, checkpointing=plan.label)
         est = estimate(spec, device=device)

@@ -38,6 +38,36 @@ ATTENTION_BACKWARD = {"sdpa": 2.5, "eager": 2.0}
 
 
 @dataclass(frozen=True)
+class QuotedMFU:
+    """A model FLOPs utilisation a paper reports for end-to-end training, quoted (chapter: 7)."""
+
+    who: str
+    mfu: float
+    gpus: int | None  # how many GPUs the figure is for (None: per GPU, count not given)
+    gpu: str
+    model: str
+    source: str
+
+    @property
+    def label(self) -> str:
+        """The figure in words, labelled quoted, e.g. '54.2% MFU ... (quoted: <source>)' (chapter: 7)."""
+        on = f"{self.gpus:,} {self.gpu}s" if self.gpus else f"{self.gpu}s"
+        return f"{self.who}: {self.mfu:.1%} MFU training {self.model} on {on} (quoted: {self.source})"
+
+
+QUOTED_MFU = (
+    # Dao, "FlashAttention-2", arXiv 2307.08691, abstract: "up to 225 TFLOPs/s per A100 GPU (72%
+    # model FLOPs utilization)" training GPT-style models end to end.
+    QuotedMFU("Dao 2023 (FlashAttention-2)", 0.72, None, "A100", "GPT-style models",
+              "https://arxiv.org/abs/2307.08691"),
+    # Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+    # arXiv 2205.05198, abstract: a 530B GPT-3 style model on 2240 A100 GPUs at 54.2% MFU.
+    QuotedMFU("Korthikanti et al. 2022", 0.542, 2240, "A100", "a 530B-parameter GPT-3 style model",
+              "https://arxiv.org/abs/2205.05198"),
+)
+
+
+@dataclass(frozen=True)
 class StepFlops:
     """FLOPs of one training step by phase and by term, as FlopCounterMode counts them (chapter: 7)."""
 

@@ -34,14 +34,21 @@ working parameter and of a gradient in the layout (:data:`memlab.distributed.zer
   N partitions runs over the GPUs' own links (chapter 6), not the host link.
 
 The two directions are counted one after the other at the link's one-way bandwidth; a
-full-duplex link that moved both at once would take as little as the larger direction. The
-CPU's own optimizer step (ZeRO-Offload's CPU-Adam) is not counted; the papers overlap it with
-the GPU's work.
+full-duplex link that moved both at once would take as little as the larger direction.
+
+The CPU's own optimizer step is counted too, once per optimizer step over the GPU's Ψ/N
+parameters, at a rate in seconds per parameter (:class:`memlab.compute.cpu_step.CpuStepRate`):
+by default :func:`recorded_cpu_step_rate`, read from chapter 6's GPU record of ZeRO-3 with and
+without PyTorch's ``CPUOffloadPolicy``; a rate measured on this CPU
+(:func:`memlab.compute.cpu_step.measure_cpu_step_rate`) may be passed instead. Nothing is
+assumed to overlap: ZeRO-Offload's one-step delayed update, which hides the CPU step behind
+the next step's forward and backward passes, is not modelled.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -49,6 +56,7 @@ from numbers import Real
 
 import torch
 
+from memlab.compute.cpu_step import CpuStepRate, measure_cpu_step_rate
 from memlab.compute.flops import rule_flops
 from memlab.device import device_name, pick_device
 from memlab.distributed.commtime import HOST_LINK_NAMES, LINKS, Link
@@ -67,6 +75,7 @@ from memlab.measure.timing import not_measurable
 from memlab.model.config import ModelConfig, get_config
 from memlab.model.train import make_optimizer
 from memlab.model.transformer import build_model, lm_loss
+from memlab.results import recorded
 from memlab.units import to_unit
 
 # Host links, one-way bytes/s (quoted, in memlab.distributed.commtime.LINKS with their sources).
@@ -79,6 +88,10 @@ DEFAULT_STAGES = {"none": 0, "optimizer": 2, "params": 3}
 # The table's precisions, and the tensor-core format their matmuls run in (memlab.gpus peaks).
 COMPUTE_FORMAT = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "bf16": "bf16"}
 VERDICTS = ("nothing moved", "nearly free", "comparable", "dominates")
+CPU_STEP_RECORD = "distributed-memory"  # chapter 6's experiment: ZeRO-3 with and without offload
+# The host link of the GPU that recorded it: the H100 SXM datasheet's PCIe Gen5 x16
+# (memlab.distributed.commtime.LINKS, quoted with its source).
+CPU_STEP_RECORD_LINK = "pcie5-x16"
 
 
 def _config(model) -> ModelConfig:
@@ -148,6 +161,57 @@ def transfer_seconds(n_bytes: int, link: str) -> float:
     return n_bytes / host_link(link).bytes_per_s
 
 
+def recorded_cpu_step_rate(results=None, link: str = CPU_STEP_RECORD_LINK) -> CpuStepRate | None:
+    """The CPU optimizer step's seconds per parameter, from chapter 6's GPU record (chapter: 7).
+
+    (offloaded step - ZeRO-3 step - its host-link seconds at ``link``) / parameters, from the
+    newest CUDA record of ``distributed-memory``; ``None`` when none is stored.
+    """
+    check_choice("link", link, HOST_LINK_NAMES)
+    rec = recorded(CPU_STEP_RECORD, device="cuda", results=results)
+    if rec is None:
+        return None
+    res = rec.result
+    runs = {r["strategy"]: r for r in res["runs"]}
+    if not {"zero3", "offload"} <= set(runs):
+        raise MemlabError(f"the record {CPU_STEP_RECORD} ({rec.label}) has no zero3 and offload "
+                          f"runs; it has: {', '.join(runs)}")
+    n, world, layout = int(res["parameters"]), int(res["world_size"]), res["layout"]
+    check_choice("layout", layout, tuple(LAYOUTS))
+    off, z3 = float(runs["offload"]["step_seconds"]), float(runs["zero3"]["step_seconds"])
+    moved = host_link_bytes(n, offload="params", zero_stage=3, gpus=world,
+                            layout=layout).total_bytes
+    link_s = moved / LINKS[link].bytes_per_s
+    share = -(-n // world)  # the parameters one rank steps
+    rate = (off - z3 - link_s) / share
+    if rate <= 0:
+        raise MemlabError(f"the record {CPU_STEP_RECORD} ({rec.label}) leaves no time for the "
+                          f"CPU step: offloaded {off:.3f} s, ZeRO-3 {z3:.3f} s, link {link_s:.3f} s")
+    label = (f"{rec.label}: {res['config']['name']} ({n:,} parameters, {world} rank"
+             f"{'s' if world > 1 else ''}, layout {layout}), ZeRO-3 + CPU offload {off:.2f} s per step - ZeRO-3 {z3:.2f} s - "
+             f"{moved / 1e9:.1f} GB over {link} ({link_s:.2f} s) = {off - z3 - link_s:.2f} s "
+             f"for the CPU's AdamW step over {share:,} parameters")
+    return CpuStepRate(seconds_per_parameter=rate, kind="recorded", label=label,
+                       parameters=share)
+
+
+def default_cpu_step_rate() -> CpuStepRate:
+    """The CPU step's rate the cost models use: the GPU record's host, else this CPU (chapter: 7)."""
+    return recorded_cpu_step_rate() or measure_cpu_step_rate()
+
+
+def as_cpu_step_rate(rate) -> CpuStepRate:
+    """A CpuStepRate from itself, seconds per parameter, or None: the default (chapter: 7)."""
+    if rate is None:
+        return default_cpu_step_rate()
+    if isinstance(rate, CpuStepRate):
+        return rate
+    if isinstance(rate, bool) or not isinstance(rate, Real) or rate < 0:
+        raise MemlabError(f"cpu_step must be a CpuStepRate, a non-negative number of seconds per "
+                          f"parameter or None (the recorded rate), got {rate!r}")
+    return CpuStepRate(float(rate), "given", f"{float(rate):.3g} s per parameter, given", 0)
+
+
 def compute_seconds(parameters: int, tokens: int, *, gpu: str = "H100", compute_format: str = "bf16",
                     mfu: float = 0.4, checkpointing: bool = False) -> float:
     """Seconds of a step's compute: rule_flops / (quoted tensor-core peak x mfu) (chapter: 7)."""
@@ -158,24 +222,25 @@ def compute_seconds(parameters: int, tokens: int, *, gpu: str = "H100", compute_
     return rule_flops(parameters, tokens, recompute=checkpointing) / (peak * mfu)
 
 
-def offload_verdict(transfer_s: float, compute_s: float, *, free_below: float = 0.1) -> str:
-    """The verdict of an offload's transfer time against its compute time (chapter: 7).
+def offload_verdict(added_s: float, compute_s: float, *, free_below: float = 0.1) -> str:
+    """The verdict of the seconds an offload adds against the step's compute seconds (chapter: 7).
 
-    One of 'nothing moved', 'nearly free' (transfer <= free_below x compute), 'dominates' (transfer
-    > compute) or 'comparable'.
+    ``added_s`` is the transfer over the host link and the CPU's optimizer step together. One of
+    'nothing moved', 'nearly free' (added <= free_below x compute), 'dominates' (added >
+    compute) or 'comparable'.
     """
-    if isinstance(transfer_s, bool) or not isinstance(transfer_s, Real) or transfer_s < 0:
-        raise MemlabError(f"transfer_s must be a non-negative number, got {transfer_s!r}")
+    if isinstance(added_s, bool) or not isinstance(added_s, Real) or added_s < 0:
+        raise MemlabError(f"added_s must be a non-negative number, got {added_s!r}")
     compute_s = check_positive_number("compute_s", compute_s)
     free_below = check_positive_number("free_below", free_below)
     if free_below >= 1:
         raise MemlabError(f"free_below must be below 1 (a fraction of the compute time), "
                           f"got {free_below!r}")
-    if transfer_s == 0:
+    if added_s == 0:
         return "nothing moved"
-    if transfer_s <= free_below * compute_s:
+    if added_s <= free_below * compute_s:
         return "nearly free"
-    return "dominates" if transfer_s > compute_s else "comparable"
+    return "dominates" if added_s > compute_s else "comparable"
 
 
 # The table ---------------------------------------------------------------------------------------
@@ -195,9 +260,20 @@ class OffloadRow:
     device_to_host_bytes: int
     link_bytes: int  # both directions
     transfer_s: float  # link_bytes / the link's one-way bandwidth
+    cpu_step_s: float  # the CPU's optimizer step over this GPU's parameters (0 without offload)
     compute_s: float  # step FLOPs / (quoted peak x mfu)
     transfer_over_compute: float
-    verdict: str  # offload_verdict
+    verdict: str  # offload_verdict of transfer_s + cpu_step_s
+
+    @property
+    def added_s(self) -> float:
+        """Seconds the offload adds to a step: the transfer and the CPU's step (chapter: 7)."""
+        return self.transfer_s + self.cpu_step_s
+
+    @property
+    def added_over_compute(self) -> float:
+        """The added seconds over the step's compute seconds (chapter: 7)."""
+        return self.added_s / self.compute_s
 
     def as_dict(self) -> dict:
         """The row as a plain dict (chapter: 7)."""
@@ -229,7 +305,10 @@ class OffloadTable:
     compute_format: str
     gpu_source: str
     mfu: float  # an input: the fraction of the peak the step sustains
-    free_below: float  # transfer / compute at or below which offload counts as nearly free
+    free_below: float  # added / compute at or below which offload counts as nearly free
+    cpu_step_s_per_parameter: float  # the CPU's optimizer step, seconds per parameter
+    cpu_step_kind: str  # 'recorded', 'measured' or 'given'
+    cpu_step_label: str  # where the rate comes from
     rows: tuple[OffloadRow, ...]
 
     def as_dict(self) -> dict:
@@ -248,23 +327,46 @@ class OffloadTable:
                 f"({self.parameters:,} parameters), batch {self.batch_size} x seq {self.seq_len} "
                 f"per GPU, {self.precision}"
                 + (", checkpointing" if self.checkpointing else "")
-                + f", compute at {self.mfu:.0%} of {self.peak_flops / 1e12:.1f} TFLOP/s")
+                + f", compute at {self.mfu:.0%} of {self.peak_flops / 1e12:.1f} TFLOP/s; the "
+                  f"CPU's optimizer step at {self.cpu_step_s_per_parameter * 1e9:.2f} s per "
+                  f"billion parameters ({self.cpu_step_kind})")
         lines = [head, f"{'offload':<10}{'stage':>6}{'peak ' + unit:>12}{'saved ' + unit:>12}"
-                       f"{'link GB':>10}{'transfer s':>12}{'compute s':>12}  verdict"]
+                       f"{'link GB':>10}{'transfer s':>12}{'CPU step s':>12}{'compute s':>12}"
+                       "  verdict"]
         for r in self.rows:
             lines.append(f"{r.offload:<10}{r.zero_stage:>6}{to_unit(r.per_gpu_peak_bytes, unit):>12.3f}"
                          f"{to_unit(r.gpu_bytes_saved, unit):>12.3f}{r.link_bytes / 1e9:>10.3f}"
-                         f"{r.transfer_s:>12.4f}{r.compute_s:>12.4f}  {r.verdict}")
+                         f"{r.transfer_s:>12.4f}{r.cpu_step_s:>12.4f}{r.compute_s:>12.4f}"
+                         f"  {r.verdict}")
         return "\n".join(lines)
+
+    def tokens_for(self, offload: str, verdict: str = "nearly free") -> int:
+        """Tokens per optimizer step per GPU at which an offload's added seconds reach a verdict (chapter: 7).
+
+        The compute grows with the tokens, the added seconds do not: for 'nearly free' the
+        added seconds are ``free_below`` x the compute, for 'comparable' they equal it.
+        """
+        check_choice("verdict", verdict, ("nearly free", "comparable"))
+        r = self.row(offload)
+        if r.added_s == 0:
+            raise MemlabError(f"offload {offload!r} adds nothing; a verdict needs an offload that "
+                              f"moves bytes")
+        share = self.free_below if verdict == "nearly free" else 1.0
+        per_token = r.compute_s / self.tokens_per_step
+        return math.ceil(r.added_s / (share * per_token))
 
 
 def offload_table(model: ModelConfig | str, *, gpus: int = 1, batch_size: int, seq_len: int,
                   precision: str = "bf16-mixed", link: str = "pcie5-x16", gpu: str = "H100",
                   mfu: float = 0.4, checkpointing: bool = False, free_below: float = 0.1,
-                  stages: Mapping[str, int] | None = None) -> OffloadTable:
+                  stages: Mapping[str, int] | None = None,
+                  cpu_step: CpuStepRate | float | None = None) -> OffloadTable:
     """Estimated per-GPU peak, bytes saved and host-link cost for each offload (chapter: 7).
 
-    It gives the GPU bytes saved, the host-link bytes and seconds, and the compute seconds.
+    It gives the GPU bytes saved, the host-link bytes and seconds, the CPU's optimizer step
+    and the compute seconds; the verdict weighs the transfer and the CPU step together against
+    the compute. ``cpu_step`` is the CPU step's rate (a :class:`CpuStepRate` or seconds per
+    parameter); ``None`` takes :func:`default_cpu_step_rate`.
 
     ``stages`` maps each offload to its ZeRO stage (default :data:`DEFAULT_STAGES`: none at 0,
     optimizer at 2 as ZeRO-Offload, params at 3), checked by
@@ -286,6 +388,7 @@ def offload_table(model: ModelConfig | str, *, gpus: int = 1, batch_size: int, s
         check_choice("offload", off, OFFLOADS)
         check_offload(off, check_stage(stage))
     layout = LAYOUT_OF[precision]
+    rate = as_cpu_step_rate(cpu_step)
     n = cfg.num_parameters()
     tokens = batch_size * seq_len
     compute_s = compute_seconds(n, tokens, gpu=card.name, compute_format=fmt, mfu=mfu,
@@ -298,6 +401,7 @@ def offload_table(model: ModelConfig | str, *, gpus: int = 1, batch_size: int, s
         traffic = host_link_bytes(n, offload=off, zero_stage=stage, gpus=gpus, layout=layout,
                                   checkpointing=checkpointing)
         seconds = traffic.total_bytes / lk.bytes_per_s
+        cpu_s = 0.0 if off == "none" else rate.seconds(-(-n // gpus))
         first = rows[0].per_gpu_peak_bytes if rows else est.per_gpu_peak_bytes
         rows.append(OffloadRow(
             offload=off, zero_stage=stage, per_gpu_peak_bytes=est.per_gpu_peak_bytes,
@@ -305,14 +409,17 @@ def offload_table(model: ModelConfig | str, *, gpus: int = 1, batch_size: int, s
             cpu_offloaded_bytes=est.cpu_offloaded_bytes,
             host_to_device_bytes=traffic.host_to_device_bytes,
             device_to_host_bytes=traffic.device_to_host_bytes, link_bytes=traffic.total_bytes,
-            transfer_s=seconds, compute_s=compute_s, transfer_over_compute=seconds / compute_s,
-            verdict=offload_verdict(seconds, compute_s, free_below=free_below)))
+            transfer_s=seconds, cpu_step_s=cpu_s, compute_s=compute_s,
+            transfer_over_compute=seconds / compute_s,
+            verdict=offload_verdict(seconds + cpu_s, compute_s, free_below=free_below)))
     return OffloadTable(
         model=cfg.name, parameters=n, gpus=gpus, batch_size=batch_size, seq_len=seq_len,
         tokens_per_step=tokens, precision=precision, layout=layout, checkpointing=checkpointing,
         link=lk.name, link_bytes_per_s=lk.bytes_per_s, link_quoted=lk.quoted,
         link_source=lk.source, gpu=card.name, peak_flops=card.peak_ops(fmt), compute_format=fmt,
-        gpu_source=card.source, mfu=float(mfu), free_below=float(free_below), rows=tuple(rows))
+        gpu_source=card.source, mfu=float(mfu), free_below=float(free_below),
+        cpu_step_s_per_parameter=rate.seconds_per_parameter, cpu_step_kind=rate.kind,
+        cpu_step_label=rate.label, rows=tuple(rows))
 
 
 # A from-scratch offloaded AdamW ---------------------------------------------------------------------

@@ -15,9 +15,18 @@ step's seconds add (no overlap is assumed, so each is an upper bound)
   makes; adapters train no base weight, so their steps skip the base's weight gradients) over
   the GPU's quoted dense peak times an assumed MFU;
 * communication: chapter 6's ring model (:func:`memlab.distributed.commtime.comm_seconds`) over
-  the GPU's quoted NVLink, or PCIe where the catalogue lists none;
+  the GPU's quoted NVLink, or PCIe where the catalogue lists none, counted per micro-batch
+  where the strategy communicates per micro-batch (:func:`comm_seconds_per_step`): DDP and
+  ZeRO-1 accumulate locally (DDP's ``no_sync``) and all-reduce once per optimizer step;
+  FSDP2, which runs memlab's ZeRO-2 and ZeRO-3 (:mod:`memlab.distributed.strategies`), gathers
+  the parameters again in every micro-batch (ZeRO-2 for the forward, kept until the backward;
+  ZeRO-3 for the forward and again for the backward) and reduce-scatters every micro-batch's
+  gradients into the sharded ones;
 * offload: the host traffic (:func:`memlab.compute.offload.host_link_bytes`) over a quoted
-  host link.
+  host link, and the CPU's optimizer step at a rate in seconds per parameter
+  (:func:`memlab.compute.offload.default_cpu_step_rate`: chapter 6's GPU record);
+* a 4-bit base (QLoRA): the dequantization of its block linears to 16 bits before every use
+  (:func:`dequantization_bytes`), as memory traffic over the GPU's quoted bandwidth.
 """
 
 from __future__ import annotations
@@ -25,13 +34,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from numbers import Real
 
+from memlab.compute.cpu_step import CpuStepRate
 from memlab.compute.flops import step_flops
-from memlab.compute.offload import DEFAULT_STAGES, host_link, host_link_bytes
+from memlab.compute.offload import (
+    DEFAULT_STAGES,
+    as_cpu_step_rate,
+    host_link,
+    host_link_bytes,
+)
 from memlab.distributed.commtime import comm_seconds
 from memlab.distributed.estimate import LAYOUT_OF, estimate_sharded
-from memlab.errors import MemlabError, check_positive_int
-from memlab.finetune.counts import trainable_parameters
-from memlab.finetune.estimate import estimate_finetune
+from memlab.distributed.zero import check_gpus, check_stage
+from memlab.errors import MemlabError, check_choice, check_positive_int
+from memlab.finetune.counts import block_linear_shapes, trainable_parameters
+from memlab.finetune.estimate import estimate_finetune, quantized_weight_bytes
 from memlab.finetune.lora import LoraConfig
 from memlab.gpus import GPU, get_gpu
 from memlab.model.config import ModelConfig, get_config
@@ -48,6 +64,23 @@ QLORA_BASE = "nf4-dq"
 NVLINK = {"A100-40GB": "a100-nvlink3", "A100-80GB": "a100-nvlink3", "H100": "h100-nvlink4",
           "H200": "h100-nvlink4"}
 PCIE = "pcie4-x16"  # GPUs the catalogue lists no NVLink for
+# A 4-bit base is dequantized to 16 bits before each use: bitsandbytes' MatMul4Bit runs
+# dequantize_4bit + F.linear in the forward at training shapes and dequantize_4bit again for
+# the input's gradient in the backward (bitsandbytes/autograd/_functions.py and
+# backends/cuda/ops.py, 0.50); the QLoRA paper: "we dequantize the storage data type to the
+# computation data type to perform the forward and backward pass" (Dettmers et al. 2023,
+# arXiv 2305.14314, section 3). A recomputed forward (checkpointing) dequantizes once more.
+DEQUANT_SOURCE = "https://arxiv.org/abs/2305.14314"
+DEQUANT_PASSES = 2  # per micro-batch: the forward and the backward
+DEQUANT_BYTES_WRITTEN = 2  # the 16-bit copy written per weight (read by the matmul, as a bf16 base's)
+
+
+def micro_batch_words(sequences: int, grad_accum: int) -> str:
+    """A micro-batch and its accumulation in words: '2 sequences × 256 accumulation steps' (chapter: 7)."""
+    check_positive_int("sequences", sequences)
+    check_positive_int("grad_accum", grad_accum)
+    return (f"{sequences} sequence{'s' if sequences > 1 else ''} × {grad_accum} accumulation "
+            f"step{'s' if grad_accum > 1 else ''}")
 
 
 @dataclass(frozen=True)
@@ -65,13 +98,15 @@ class PlanRow:
     per_gpu_peak_bytes: int  # estimated
     flops_per_step: int  # all GPUs together, one optimizer step
     compute_s: float
-    comm_s: float
-    offload_s: float
+    comm_s: float  # per optimizer step, every micro-batch's collectives counted
+    offload_s: float  # host-link traffic
+    cpu_step_s: float = 0.0  # the CPU's optimizer step of an offload
+    dequant_s: float = 0.0  # a 4-bit base dequantized before every use
 
     @property
     def step_s(self) -> float:
-        """Estimated seconds per optimizer step: compute, communication and host traffic added (chapter: 7)."""
-        return self.compute_s + self.comm_s + self.offload_s
+        """Estimated seconds per optimizer step: every term added, no overlap (chapter: 7)."""
+        return self.compute_s + self.comm_s + self.offload_s + self.cpu_step_s + self.dequant_s
 
     @property
     def gpu_seconds(self) -> float:
@@ -80,7 +115,7 @@ class PlanRow:
 
     @property
     def label(self) -> str:
-        """The set-up in words, e.g. 'full, ZeRO-3 on 8 GPUs, checkpointing, micro-batch 4 x 16' (chapter: 7)."""
+        """The set-up in words: 'full, ZeRO-3 on 8 GPUs, 4 sequences × 16 accumulation steps' (chapter: 7)."""
         what = {"full": "full", "lora": f"LoRA r={LORA_RANK}",
                 "qlora": f"QLoRA r={LORA_RANK} ({QLORA_BASE} base)"}[self.trains]
         parts = [what, f"ZeRO-{self.zero_stage} on {self.gpus} GPU{'s' if self.gpus > 1 else ''}"]
@@ -88,7 +123,7 @@ class PlanRow:
             parts.append(f"offload {self.offload}")
         if self.checkpointing:
             parts.append("checkpointing")
-        parts.append(f"micro-batch {self.micro_batch} x {self.grad_accum}")
+        parts.append(micro_batch_words(self.micro_batch, self.grad_accum))
         return ", ".join(parts)
 
     def as_dict(self) -> dict:
@@ -109,6 +144,8 @@ class MemoryPlan:
     seq_len: int
     mfu: float  # assumed, for the compute time
     host_link: str
+    cpu_step_s_per_parameter: float  # the CPU's optimizer step under offload
+    cpu_step_label: str  # where that rate comes from
     rows: tuple[PlanRow, ...]  # the set-ups that fit, cheapest first
     tried: int  # set-ups tried (each at its largest fitting micro-batch, or refused)
     smallest_peak_bytes: int  # the smallest per-GPU peak of any set-up, fitting or not
@@ -122,6 +159,56 @@ class MemoryPlan:
                               f"{self.gpu}; the smallest peak is {to_unit(self.smallest_peak_bytes, 'GiB'):.1f} "
                               f"GiB ({self.smallest_peak_label})")
         return rows[0]
+
+    def reading(self) -> str:
+        """The plan read from the top, in sentences computed from its rows (chapter: 7)."""
+        if not self.rows:
+            return (f"Nothing fits: the smallest per-GPU peak is "
+                    f"{to_unit(self.smallest_peak_bytes, 'GiB'):.1f} GiB "
+                    f"({self.smallest_peak_label}).")
+        best = self.rows[0]
+        out = [f"The cheapest set-up is {best.label}, {best.gpu_seconds:.0f} GPU-seconds per "
+               f"optimizer step."]
+        by = {t: [r for r in self.rows if r.trains == t] for t in TRAINS}
+        if by["full"] and (by["lora"] or by["qlora"]):
+            a = min((r for r in self.rows if r.trains != "full"), key=lambda r: r.gpu_seconds)
+            f = by["full"][0]
+            out.append(f"Adapters skip the base weights' gradients: the cheapest adapter set-up "
+                       f"costs {a.gpu_seconds:.0f} GPU-seconds, the cheapest full training "
+                       f"{f.gpu_seconds:.0f}.")
+        plain = {t: [r for r in by[t] if not r.checkpointing] for t in ("lora", "qlora")}
+        if plain["lora"] and plain["qlora"]:
+            lo, q = plain["lora"][0], plain["qlora"][0]
+            out.append(f"QLoRA fits {q.micro_batch} sequences per micro-batch where LoRA fits "
+                       f"{lo.micro_batch}, and dequantizing its 4-bit base adds "
+                       f"{q.dequant_s:.1f} s to each step: it costs "
+                       f"{'more' if q.gpu_seconds > lo.gpu_seconds else 'less'} than LoRA "
+                       f"({q.gpu_seconds:.1f} against {lo.gpu_seconds:.1f} GPU-seconds).")
+        kept = [r for r in by["full"] if r.offload == "none"]
+        if kept:
+            fewest = min(r.gpus for r in kept)
+            f = min((r for r in kept if not r.checkpointing), default=kept[0],
+                    key=lambda r: r.gpu_seconds)
+            twin = [r for r in kept if r.checkpointing and (r.zero_stage, r.gpus)
+                    == (f.zero_stage, f.gpus)]
+            text = (f"Full training without offload needs at least {fewest} "
+                    f"GPU{'s' if fewest > 1 else ''}")
+            if twin and not f.checkpointing:
+                c = twin[0]
+                change = c.gpu_seconds / f.gpu_seconds - 1
+                text += (f"; on {f.gpus} with ZeRO-{f.zero_stage}, checkpointing fits "
+                         f"{c.micro_batch} sequences per micro-batch instead of {f.micro_batch} "
+                         f"and costs {abs(change):.0%} {'more' if change > 0 else 'less'}: "
+                         + ("its recomputation, against fewer micro-batches' collectives"
+                            if f.zero_stage >= 2 else "its recomputation"))
+            out.append(text + ".")
+        offloaded = [r for r in by["full"] if r.offload != "none"]
+        if offloaded:
+            o = min(offloaded, key=lambda r: (r.gpus, r.gpu_seconds))
+            out.append(f"Offload fits full training on {o.gpus} GPU{'s' if o.gpus > 1 else ''} "
+                       f"({o.label}); of its {o.step_s:.0f} s per step, the host link takes "
+                       f"{o.offload_s:.0f} s and the CPU's optimizer step {o.cpu_step_s:.0f} s.")
+        return " ".join(out)
 
     def as_dict(self) -> dict:
         """The plan as a plain dict (chapter: 7)."""
@@ -174,17 +261,135 @@ def _flops(cfg, trains, precision, ckpt, B, T) -> int:
     return f.total if trains == "full" else f.total - f.linear_forward
 
 
+# Seconds of a set-up ------------------------------------------------------------------------
+def comm_seconds_per_step(parameters: int, stage: int, gpus: int, grad_accum: int, *,
+                          intra: str = "a100-nvlink3") -> float:
+    """Seconds one GPU sends per optimizer step of ``grad_accum`` micro-batches, by stage (chapter: 7).
+
+    Stages 0 and 1 (DDP, DDP + ZeroRedundancyOptimizer): gradients accumulate locally under
+    ``no_sync`` and are all-reduced once per optimizer step, 2Ψ. Stages 2 and 3 (FSDP2, as
+    memlab's ``zero2`` and ``zero3`` run): every micro-batch all-gathers the parameters (once
+    at stage 2, kept from the forward to the backward; twice at stage 3) and reduce-scatters
+    its gradients, 2Ψ and 3Ψ per micro-batch. Each at
+    :func:`memlab.distributed.commtime.comm_seconds`' ring rate.
+    """
+    stage, gpus = check_stage(stage), check_gpus(gpus)
+    grad_accum = check_positive_int("grad_accum", grad_accum)
+    once = comm_seconds(parameters, stage, gpus, intra=intra)
+    return once if stage <= 1 else grad_accum * once
+
+
+def dequantization_bytes(model: ModelConfig | str, scheme: str = QLORA_BASE) -> int:
+    """Bytes one dequantization of a quantized base moves: stored bytes read, 16 bits written (chapter: 7).
+
+    Over every block linear (the layers a QLoRA base quantizes): the stored bytes
+    (:func:`memlab.finetune.estimate.quantized_weight_bytes`) read and a 16-bit copy written,
+    :data:`DEQUANT_BYTES_WRITTEN` bytes per weight. The matmul's read of that copy is not
+    counted: a 16-bit base reads as many bytes.
+    """
+    cfg = get_config(model) if isinstance(model, str) else model
+    shapes = block_linear_shapes(cfg).values()
+    stored = sum(quantized_weight_bytes(i, o, scheme) for i, o, _ in shapes)
+    written = DEQUANT_BYTES_WRITTEN * sum(i * o for i, o, _ in shapes)
+    return cfg.n_layer * (stored + written)
+
+
+def dequantization_seconds(model: ModelConfig | str, gpu: GPU | str, grad_accum: int, *,
+                           checkpointing: bool = False, scheme: str = QLORA_BASE) -> float:
+    """Seconds a 4-bit base's dequantization adds per optimizer step, estimated (chapter: 7).
+
+    :data:`DEQUANT_PASSES` dequantizations per micro-batch (one more under checkpointing, whose
+    recomputed forward uses the weights again; the early stop's skipped ``down_proj`` is
+    counted too, an upper bound) of :func:`dequantization_bytes` each, at the GPU's quoted
+    memory bandwidth: a memory-bound kernel run at the datasheet's rate, a lower bound on its
+    time.
+    """
+    g = get_gpu(gpu)
+    grad_accum = check_positive_int("grad_accum", grad_accum)
+    if not g.bandwidth_bytes_per_s:
+        raise MemlabError(f"GPU {g.name!r} has no quoted memory bandwidth; accepted: a GPU of "
+                          f"memlab.gpus with bandwidth_bytes_per_s")
+    passes = DEQUANT_PASSES + (1 if checkpointing else 0)
+    moved = grad_accum * passes * dequantization_bytes(model, scheme)
+    return moved / g.bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Estimated seconds of one optimizer step of a set-up, term by term (chapter: 7)."""
+
+    compute_s: float
+    comm_s: float
+    offload_s: float
+    cpu_step_s: float
+    dequant_s: float
+
+    @property
+    def step_s(self) -> float:
+        """Every term added, no overlap (chapter: 7)."""
+        return self.compute_s + self.comm_s + self.offload_s + self.cpu_step_s + self.dequant_s
+
+
+def step_cost(model: ModelConfig | str, gpu: GPU | str, *, trains: str, zero_stage: int = 0,
+              gpus: int = 1, offload: str = "none", checkpointing: bool = False,
+              micro_batch: int, grad_accum: int, seq_len: int, mfu: float = 0.4,
+              host_link_name: str = "pcie4-x16",
+              cpu_step: CpuStepRate | float | None = None) -> StepCost:
+    """Estimated seconds of one optimizer step of a set-up, at a given shape (chapter: 7).
+
+    ``micro_batch`` sequences per GPU per pass, ``grad_accum`` passes per optimizer step, on
+    ``gpus`` GPUs: the planner's cost model (the module's docstring) for one row.
+    """
+    cfg = get_config(model) if isinstance(model, str) else model
+    if not isinstance(cfg, ModelConfig):
+        raise MemlabError(f"model must be a preset name or a ModelConfig, got {model!r}")
+    g = get_gpu(gpu)
+    check_choice("trains", trains, TRAINS)
+    stage, gpus = check_stage(zero_stage), check_gpus(gpus)
+    check_positive_int("micro_batch", micro_batch)
+    check_positive_int("grad_accum", grad_accum)
+    check_positive_int("seq_len", seq_len)
+    if isinstance(mfu, bool) or not isinstance(mfu, Real) or not 0 < mfu <= 1:
+        raise MemlabError(f"mfu must be a number in (0, 1], got {mfu!r}")
+    if trains != "full" and (stage, offload) != (0, "none"):
+        raise MemlabError(f"trains {trains!r} runs data parallel without offload; got ZeRO-"
+                          f"{stage}, offload {offload!r}; accepted: zero_stage 0, offload 'none'")
+    link = host_link(host_link_name)
+    rate = as_cpu_step_rate(cpu_step)
+    precision = "bf16-mixed" if g.bf16_tensor_cores else "fp16-mixed"
+    fmt = "bf16" if g.bf16_tensor_cores else "fp16"
+    n = cfg.num_parameters()
+    global_batch = gpus * micro_batch * grad_accum
+    flops = _flops(cfg, trains, precision, checkpointing, global_batch, seq_len)
+    compute_s = flops / gpus / (g.peak_ops(fmt) * mfu)
+    if trains == "full":
+        synced = n
+    else:
+        synced = trainable_parameters(cfg, lora=LoraConfig(r=LORA_RANK,
+                                                            target_modules="all-linear"))
+    comm_s = comm_seconds_per_step(synced, stage, gpus, grad_accum,
+                                   intra=NVLINK.get(g.name, PCIE))
+    offload_s = _host_seconds(n, offload, stage, gpus, LAYOUT_OF[precision], checkpointing,
+                              grad_accum, link.bytes_per_s)
+    cpu_s = 0.0 if offload == "none" else rate.seconds(-(-n // gpus))
+    dequant_s = (dequantization_seconds(cfg, g, grad_accum, checkpointing=checkpointing)
+                 if trains == "qlora" else 0.0)
+    return StepCost(compute_s, comm_s, offload_s, cpu_s, dequant_s)
+
+
 def plan_training(model: ModelConfig | str, gpu: GPU | str, *, global_batch: int, seq_len: int,
                   trains=TRAINS, gpu_counts=GPU_COUNTS, mfu: float = 0.4,
-                  host_link_name: str = "pcie4-x16", device: str = "cuda") -> MemoryPlan:
+                  host_link_name: str = "pcie4-x16", device: str = "cuda",
+                  cpu_step: CpuStepRate | float | None = None) -> MemoryPlan:
     """Every set-up of a training step that fits ``gpu`` (chapter: 7).
 
-    The cheapest in estimated GPU-seconds comes first.
+    The cheapest in estimated GPU-seconds (:func:`step_cost`) comes first.
 
     ``global_batch`` sequences of ``seq_len`` tokens per optimizer step; GPU counts must divide
     it. Full training tries ZeRO stages 0-3 with their offloads; LoRA and QLoRA run data
     parallel (stage 0). Each set-up is listed once, on the fewest of ``gpu_counts`` GPUs it
-    fits, at its largest fitting power-of-two micro-batch.
+    fits, at its largest fitting power-of-two micro-batch. ``cpu_step`` is the offloaded
+    optimizer step's rate (None: :func:`memlab.compute.offload.default_cpu_step_rate`).
     """
     cfg = get_config(model) if isinstance(model, str) else model
     if not isinstance(cfg, ModelConfig):
@@ -203,18 +408,13 @@ def plan_training(model: ModelConfig | str, gpu: GPU | str, *, global_batch: int
     if isinstance(mfu, bool) or not isinstance(mfu, Real) or not 0 < mfu <= 1:
         raise MemlabError(f"mfu must be a number in (0, 1], got {mfu!r}")
     link = host_link(host_link_name)
+    rate = as_cpu_step_rate(cpu_step)
     precision = "bf16-mixed" if g.bf16_tensor_cores else "fp16-mixed"
-    fmt = "bf16" if g.bf16_tensor_cores else "fp16"
-    peak_flops = g.peak_ops(fmt) * mfu
-    intra = NVLINK.get(g.name, PCIE)
     n = cfg.num_parameters()
     counts = [c for c in gpu_counts if global_batch % c == 0]
     if not counts:
         raise MemlabError(f"no GPU count in {tuple(gpu_counts)} divides the global batch "
                           f"{global_batch}")
-    layout = LAYOUT_OF[precision]
-    lora = LoraConfig(r=LORA_RANK, target_modules="all-linear")
-    adapters = {t: trainable_parameters(cfg, lora=lora) for t in ("lora", "qlora")}
     rows, tried = [], 0
     smallest = (None, "")
     for t in trains:
@@ -246,20 +446,21 @@ def plan_training(model: ModelConfig | str, gpu: GPU | str, *, global_batch: int
                             else:
                                 hi = mid - 1
                         m = sizes[lo]
+                        cost = step_cost(cfg, g, trains=t, zero_stage=stage, gpus=gpus,
+                                         offload=offload, checkpointing=ckpt, micro_batch=m,
+                                         grad_accum=per_gpu // m, seq_len=seq_len, mfu=mfu,
+                                         host_link_name=link.name, cpu_step=rate)
                         flops = _flops(cfg, t, precision, ckpt, global_batch, seq_len)
-                        compute_s = flops / gpus / peak_flops
-                        comm_s = comm_seconds(n if t == "full" else adapters[t], stage, gpus,
-                                              intra=intra)
-                        offload_s = _host_seconds(n, offload, stage, gpus, layout, ckpt,
-                                                  per_gpu // m, link.bytes_per_s)
                         rows.append(PlanRow(t, precision, stage, gpus, offload, ckpt, m,
-                                            per_gpu // m, peak(m), flops, compute_s, comm_s,
-                                            offload_s))
+                                            per_gpu // m, peak(m), flops, cost.compute_s,
+                                            cost.comm_s, cost.offload_s, cost.cpu_step_s,
+                                            cost.dequant_s))
                         break
     rows.sort(key=lambda r: (r.gpu_seconds, r.gpus, r.per_gpu_peak_bytes))
     return MemoryPlan(model=cfg.name, parameters=n, gpu=g.name, usable_bytes=g.usable_bytes,
                       global_batch=global_batch, seq_len=seq_len, mfu=float(mfu),
-                      host_link=link.name, rows=tuple(rows), tried=tried,
+                      host_link=link.name, cpu_step_s_per_parameter=rate.seconds_per_parameter,
+                      cpu_step_label=rate.label, rows=tuple(rows), tried=tried,
                       smallest_peak_bytes=int(smallest[0] or 0), smallest_peak_label=smallest[1])
 
 

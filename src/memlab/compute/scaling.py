@@ -61,6 +61,14 @@ CHINCHILLA_PARAMS_QUOTED = 70e9
 """Chinchilla's parameters, quoted from Hoffmann et al. 2022 (arXiv:2203.15556)."""
 CHINCHILLA_TOKENS_QUOTED = 1.4e12
 """Chinchilla's training tokens, quoted from Hoffmann et al. 2022 (arXiv:2203.15556)."""
+# Hoffmann et al. 2022, abstract: "over 400 language models ranging from 70 million to over 16
+# billion parameters on 5 to 500 billion tokens".
+CHINCHILLA_RUNS_QUOTED = 400  # "over 400"
+CHINCHILLA_RUNS_SOURCE = "https://arxiv.org/abs/2203.15556"
+# The sequence length of the runs behind the law: Gopher's 2048-token context (Rae et al. 2021,
+# arXiv 2112.11446, section 3), which Chinchilla's training set-up keeps.
+CHINCHILLA_SEQ_LEN_QUOTED = 2048
+CHINCHILLA_SEQ_LEN_SOURCE = "https://arxiv.org/abs/2112.11446"
 
 FLOPS_PER_TOKEN_PER_PARAM = 6  # 2 forward + 4 backward, per parameter per token (Kaplan, Hoffmann)
 

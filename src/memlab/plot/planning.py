@@ -35,13 +35,14 @@ VENDOR_COLORS = {"NVIDIA": "#76B900", "AMD": "#ED1C24", "Google": "#4285F4", "AW
 
 
 def offload_costs(table, ax=None, title: str | None = None):
-    """Per offload choice: host-link seconds beside compute seconds per step (chapter: 7).
+    """Per offload choice: the seconds offload adds beside compute seconds per step (chapter: 7).
 
     Estimated bars, log y, each with its verdict.
 
     ``table`` is a :class:`memlab.compute.offload.OffloadTable`: the transfer at the quoted link
-    bandwidth, the compute at a quoted peak times an assumed MFU, both estimated. A row that moves
-    nothing has no transfer bar. Each tick names the per-GPU peak (estimated).
+    bandwidth with the CPU's optimizer step stacked on it (at the table's rate, recorded or
+    measured), the compute at a quoted peak times an assumed MFU. A row that moves nothing has
+    no added bar. Each tick names the per-GPU peak (estimated).
     """
     table = check_type(table, OffloadTable, "table")
     rows = list(table.rows)
@@ -51,26 +52,29 @@ def offload_costs(table, ax=None, title: str | None = None):
     fig, ax, made = one_ax(ax, (7.0, 4.2))
     xs = np.arange(len(rows))
     w = 0.38
-    moved = [(x, r.transfer_s) for x, r in zip(xs, rows, strict=True)
-             if r.transfer_s > 0]
-    ax.bar([x - w / 2 for x, _ in moved], [s for _, s in moved], width=w, color="tab:orange",
-           label=f"transfer over {table.link}, estimated")
+    moved = [(x, r) for x, r in zip(xs, rows, strict=True) if r.added_s > 0]
+    ax.bar([x - w / 2 for x, _ in moved], [r.transfer_s for _, r in moved], width=w,
+           color="tab:orange", label=f"transfer over {table.link}, estimated")
+    ax.bar([x - w / 2 for x, _ in moved], [r.cpu_step_s for _, r in moved], width=w,
+           bottom=[r.transfer_s for _, r in moved], color="tab:brown",
+           label=f"the CPU's optimizer step ({table.cpu_step_kind} rate)")
     ax.bar(xs + w / 2, [r.compute_s for r in rows], width=w, color=COUNTED_COLOR,
            label=f"compute at MFU {table.mfu:.0%}, estimated")
     ax.set_yscale("log")
     plain_log_ticks(ax.yaxis)
-    seconds = [r.compute_s for r in rows] + [s for _, s in moved]
+    seconds = [r.compute_s for r in rows] + [r.added_s for _, r in moved] \
+        + [r.transfer_s for _, r in moved if r.transfer_s > 0]
     top = max(seconds)
     for x, r in zip(xs, rows, strict=True):
-        ratio = r.transfer_over_compute
-        text = r.verdict + (f"\ntransfer / compute {ratio:.2f}" if ratio else "")
+        ratio = r.added_over_compute
+        text = r.verdict + (f"\nadded / compute {ratio:.2f}" if ratio else "")
         ax.text(x, top * 2.0, text, ha="center", va="bottom", fontsize=8)
     ax.set_ylim(min(seconds) / 5, top * 60)  # a log axis has no 0: the bars start below
     ax.set_xticks(xs, [f"{r.offload}, ZeRO-{r.zero_stage}\npeak "
                        f"{to_unit(r.per_gpu_peak_bytes, 'GiB'):.1f} GiB" for r in rows],
                   fontsize=8)
     ax.set_ylabel("seconds per step (s)")
-    ax.legend(fontsize=8, loc="upper center", ncol=2)
+    ax.legend(fontsize=8, loc="upper center", ncol=3)
     finish(fig, made, title, (
         f"Offload, estimated: {table.model} ({table.parameters:,} parameters) "
         f"on one of {table.gpus} {table.gpu}, batch {table.batch_size}"
