@@ -416,10 +416,35 @@ def test_absmax_round_trip():
 
 
 def test_chapter_two_claims_are_computed():
-    from memlab.claims import CAVEAT, VERDICTS, WRONG, verdicts
+    from memlab.claims import VERDICTS, WRONG, verdicts
 
     vs = {v.claim: v for v in verdicts([f"C{i:02d}" for i in range(6, 14)])}
     assert all(v.verdict in VERDICTS and v.evidence for v in vs.values())
     assert vs["C10"].verdict == WRONG and "3.140625" in vs["C10"].evidence
-    assert vs["C07"].verdict == CAVEAT and "inf" in vs["C07"].evidence
     assert "65,504" in vs["C08"].evidence
+    # C07: the same normal range, but fp32's largest values overflow when converted to bf16
+    assert vs["C07"].verdict == WRONG and "converts to inf" in vs["C07"].evidence
+    assert vs["C07"].note.startswith("which prevents overflow") and "32,768" in vs["C07"].note
+
+
+def test_chapter_two_claims_move_with_their_setting():
+    """The setting changed, the real evidence moves the level: the format, rounding, value."""
+    import memlab.precision.claims  # noqa: F401 (registers chapter 2's checks)
+    from memlab.claims import CAVEAT, CHECKS, HOLDS, WRONG
+
+    def level(claim, **setting):
+        check = CHECKS[claim]
+        return check.decide(check.evidence(**setting)).verdict
+
+    assert level("C07", rounding="toward_zero") == HOLDS  # truncation cannot overflow
+    assert level("C07", source="bf16", target="fp32") == HOLDS  # the other way is exact
+    assert level("C07", target="fp16") == WRONG
+    assert (level("C08"), level("C08", fmt="bf16")) == (HOLDS, WRONG)
+    assert (level("C09"), level("C09", fmt="bf16"), level("C09", fmt="fp16")) == (HOLDS, HOLDS,
+                                                                                  WRONG)
+    assert (level("C10"), level("C10", value=1 / 3)) == (WRONG, HOLDS)
+    assert level("C11", value=2.7) == WRONG  # the cast truncates it to 2
+    assert level("C06", blocksize=64) == CAVEAT
+    assert level("C13", gpu="L4") == HOLDS and level("C13", gpu="T4") == WRONG
+    with pytest.raises(MemlabError, match="converts to bf16 only"):
+        CHECKS["C07"].evidence(target="fp16", rounding="toward_zero")
