@@ -133,7 +133,7 @@ def test_the_cpu_optimizer_step_is_counted():
     rate = recorded_cpu_step_rate()
     assert rate is not None and rate.kind == "recorded" and "recorded on" in rate.label
     small = offload_table("tiny", batch_size=32, seq_len=4096 // 32, link="pcie4-x16")
-    big = offload_table("llama2-7b", batch_size=32, seq_len=4096, link="pcie4-x16")
+    big = offload_table("llama2-7b", batch_size=64, seq_len=4096, link="pcie4-x16")
     assert big.cpu_step_s_per_parameter == rate.seconds_per_parameter
     for off in ("optimizer", "params"):
         assert big.row(off).cpu_step_s == pytest.approx(rate.seconds_per_parameter
@@ -142,7 +142,7 @@ def test_the_cpu_optimizer_step_is_counted():
             big.parameters / small.parameters)
         assert big.row(off).added_s == big.row(off).transfer_s + big.row(off).cpu_step_s
     assert big.row("none").cpu_step_s == 0
-    link_only = offload_table("llama2-7b", batch_size=32, seq_len=4096, link="pcie4-x16",
+    link_only = offload_table("llama2-7b", batch_size=64, seq_len=4096, link="pcie4-x16",
                               cpu_step=0.0)
     assert link_only.row("optimizer").verdict == "nearly free"
     assert big.row("optimizer").verdict == "dominates"  # the CPU step, not the link
