@@ -12,8 +12,14 @@ import math
 
 import torch
 
-from memlab.labs.grader import (answer_number, check_each_key, close_to, define_lab, named_slip,
-                                number_problem)
+from memlab.labs.grader import (
+    answer_number,
+    check_each_key,
+    close_to,
+    define_lab,
+    named_slip,
+    number_problem,
+)
 from memlab.precision.formats import decode, round_to, spec, value_kind
 
 # Exercise 2.1: bit patterns to decode by hand, as (format, bit string).
