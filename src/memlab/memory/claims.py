@@ -1,4 +1,4 @@
-"""Chapter 1's claims: each ``evidence(**setting)`` computes the numbers, each ``decide(ev)`` the level.
+"""Chapter 1's claims: each ``evidence(**setting)`` computes the numbers, ``decide(ev)`` the level.
 
 Every ``evidence`` takes the claim's setting as keyword arguments (defaults: the claim's own),
 and each check registers the physical changes of that setting that move its level.
@@ -23,7 +23,7 @@ import functools
 import torch
 
 from memlab import claims
-from memlab.errors import MemlabError
+from memlab.dtypes import dtype as as_dtype
 from memlab.gpus import get_gpu
 from memlab.measure.peak import measure_peak
 from memlab.memory.estimator import (
@@ -40,7 +40,7 @@ S = 2048  # tokens per sequence in every set-up below, unless a move changes it
 FP32_ADAMW = dict(precision="fp32", optimizer="adamw", optimizer_impl="foreach", device="cuda")
 RULE_TOLERANCE = 0.10  # a bytes-per-parameter rule "is" the floor within 10%
 TOLERANCES = (0.05, 0.25, 0.5)  # alternatives printed as each rule's sensitivity
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+WEIGHT_FORMATS = ("fp32", "bf16", "fp16")  # the formats a model is built in below
 
 
 def _gb(n: float) -> str:
@@ -123,10 +123,8 @@ def _with_sensitivity(decide, ev: dict) -> claims.Verdict:
 # C01 -------------------------------------------------------------------------------------------
 def c01_evidence(model: str = "tiny", dtype: str = "fp32") -> dict:
     """Bytes per parameter measured when a model is built in ``dtype`` (chapter: 1)."""
-    if dtype not in DTYPES:
-        raise MemlabError(f"dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
     cfg = get_config(model)
-    _, peak = measure_peak(build_model, cfg, dtype=DTYPES[dtype], device="cpu")
+    _, peak = measure_peak(build_model, cfg, dtype=as_dtype(dtype, WEIGHT_FORMATS), device="cpu")
     return dict(per_param=peak.end_allocated_bytes / cfg.num_parameters(), model=cfg.name,
                 dtype=dtype, params=cfg.num_parameters(), buffer_tolerance=0.10)
 
@@ -243,11 +241,8 @@ def c05_evidence(optimizer: str = "adamw", dtype: str = "fp32", amsgrad: bool = 
     from memlab.model.lm import measure_state
     from memlab.model.train import make_optimizer
 
-    for name, value in (("dtype", dtype), ("working_copy", working_copy or "fp32")):
-        if value not in DTYPES:
-            raise MemlabError(f"{name} {value!r}; accepted: {', '.join(DTYPES)}")
     cfg = get_config("tiny")
-    model = build_model(cfg, dtype=DTYPES[dtype])
+    model = build_model(cfg, dtype=as_dtype(dtype, WEIGHT_FORMATS))
     params = list(model.parameters())
     if amsgrad:
         opt = torch.optim.AdamW(params, lr=1e-3, amsgrad=True)
@@ -260,7 +255,7 @@ def c05_evidence(optimizer: str = "adamw", dtype: str = "fp32", amsgrad: bool = 
     copy = None
     if working_copy is not None:
         copy = sum(p.numel() * p.element_size() for p in
-                   build_model(cfg, dtype=DTYPES[working_copy]).parameters())
+                   build_model(cfg, dtype=as_dtype(working_copy, WEIGHT_FORMATS)).parameters())
     return dict(optimizer=optimizer + (" (amsgrad)" if amsgrad else ""), dtype=dtype,
                 params=sum(p.numel() for p in params), weights=weights,
                 states=measure_state(opt, model).state_bytes, copy=copy,
@@ -348,7 +343,7 @@ def _llama_with(params: float):
 
 def c41_evidence(sizes: tuple = (50e9, 70e9, 100e9), base: str = "llama-1b",
                  batches: tuple = (1, 8), seq_len: int = S) -> dict:
-    """Training peaks of Llama shapes of ``sizes`` parameters over a 1B model's, bf16-mixed AdamW (chapter: 1).
+    """Training peaks of Llama shapes of ``sizes`` parameters over a 1B model's, bf16-mixed (chapter: 1).
 
     At each batch of ``batches`` x ``seq_len`` for both; the first batch is the floor.
     """
