@@ -99,17 +99,21 @@ def _rule_cases(n_points):
             WRONG: lambda ev: at(ev, 0.5)}
 
 
-def _c04_caveat(ev):
+def _c04_caveat(ev):  # the two points peak in different phases: made of different tensors
     ev = copy.deepcopy(ev)
-    ev["points"][0]["rule"] = ev["points"][0]["floor"] * 1.3
-    ev["points"][1]["rule"] = ev["points"][1]["floor"] * 4
+    ev["points"][1]["phase"] = "optimizer" if ev["points"][0]["phase"] != "optimizer" else "forward"
     return ev
 
 
-def _c04_holds(ev):  # both rules at the same point of the curve
-    ev = copy.deepcopy(ev)
-    ev["points"][1] = dict(ev["points"][0])
-    return ev
+def _c41_ratios(at_floor, above):
+    """C41: the largest ratio at the first batch and at the others."""
+    def f(ev):
+        ev = copy.deepcopy(ev)
+        for i, r in enumerate(ev["ratios"].values()):
+            for n in r:
+                r[n] = at_floor if i == 0 else above
+        return ev
+    return f
 
 
 def _c20_flops(*exponents):
@@ -153,11 +157,11 @@ CASES = {
             WRONG: lambda ev: {**ev, "per_param": 8.0}},
     "C02": _rule_cases(2),
     "C03": _rule_cases(1),
-    "C04": {HOLDS: _c04_holds, CAVEAT: _c04_caveat,
+    "C04": {HOLDS: lambda ev: ev, CAVEAT: _c04_caveat,
             WRONG: lambda ev: _pt(ev, 0, rule=ev["points"][0]["floor"] * 0.5)},
-    "C05": {HOLDS: lambda ev: {**ev, "other": {k: 2.0 for k in ev["other"]}},
-            CAVEAT: lambda ev: ev,
-            WRONG: lambda ev: _set(ev, ("same_dtype", "fp32 AdamW"), 3.0)},
+    "C05": {HOLDS: lambda ev: ev,
+            CAVEAT: lambda ev: {**ev, "copy": ev["weights"] // 2, "copy_dtype": "bf16"},
+            WRONG: lambda ev: {**ev, "states": 3 * ev["weights"]}},
     "C06": {HOLDS: lambda ev: ev,
             CAVEAT: lambda ev: {**ev, "int8_with_scales": 1.5},
             WRONG: lambda ev: _set(ev, ("per", "bf16"), 4)},
@@ -177,29 +181,30 @@ CASES = {
                                          "speedup": {m: 2.0 for m in ev["delta"]}}},
             WRONG: lambda ev: {**ev, "delta": {m: 1.0 for m in ev["delta"]}},
             NOT_JUDGED: lambda ev: {**ev, "delta": {m: -1.0 for m in ev["delta"]}, "speed": None}},
-    "C15": {HOLDS: lambda ev: {**ev, "stored": {**ev["stored"], **ev["naive"]}},
-            CAVEAT: lambda ev: ev,
-            WRONG: lambda ev: {**ev, "naive": {k: 2 * v for k, v in ev["naive"].items()}}},
-    "C16": {HOLDS: lambda ev: {**ev, "model_bits": 4.0},
-            CAVEAT: lambda ev: {**ev, "model_bits": 4.1},
+    "C15": {HOLDS: lambda ev: {**ev, "stored": {**ev["stored"], **ev["naive"]},
+                               "default": {**ev["default"], **ev["naive"]}},
+            CAVEAT: lambda ev: {**ev, "stored": {**ev["stored"], **ev["naive"]}},
+            WRONG: lambda ev: ev},
+    "C16": {HOLDS: lambda ev: {**ev, "model_bits": 4.0, "checkpoint_bits": 4.0},
+            CAVEAT: lambda ev: {**ev, "model_bits": 4.0, "checkpoint_bits": 4.5},
             WRONG: lambda ev: {**ev, "model_bits": 5.0}},
     "C17": {HOLDS: lambda ev: {**ev, "delta": {k: 1.0 for k in ev["delta"]}},
             CAVEAT: lambda ev: {**ev, "delta": {k: (1.0 if i else 0.0)
                                                 for i, k in enumerate(ev["delta"])}},
             WRONG: lambda ev: {**ev, "delta": {k: 0.0 for k in ev["delta"]}}},
-    "C18": {HOLDS: lambda ev: {**ev, "excess": {"int8": 1.0, "llm-int8": 0.0},
-                               "layer_error": {"int8": 1.0, "llm-int8": 0.1}},
-            CAVEAT: lambda ev: {**ev, "excess": {"int8": 0.0, "llm-int8": 0.0},
+    "C18": {HOLDS: lambda ev: {**ev, "excess": {"fp32": 0.0, "int8": 1.0, "llm-int8": 0.0}},
+            CAVEAT: lambda ev: {**ev, "excess": {"fp32": 0.0, "int8": 0.0, "llm-int8": 0.0},
                                 "layer_error": {"int8": 1.0, "llm-int8": 0.1}},
-            WRONG: lambda ev: {**ev, "layer_error": {"int8": 1.0, "llm-int8": 1.0}}},
-    "C19": {HOLDS: lambda ev: {**ev, "change": 1.0, "default_learns": True},
-            CAVEAT: lambda ev: {**ev, "change": 1.0, "default_learns": False},
-            WRONG: lambda ev: {**ev, "change": 0.0}},
+            WRONG: lambda ev: {**ev, "excess": {"fp32": 0.0, "int8": 1.0, "llm-int8": 1.0}}},
+    "C19": {HOLDS: lambda ev: {**ev, "trained_scale": True, "change": 1.0,
+                               "layers": {"attn.q_proj": 0.5}},
+            CAVEAT: lambda ev: {**ev, "trained_scale": True, "change": 1.0,
+                                "layers": {"attn.q_proj": 0.5, "mlp.up_proj": 0.0}},
+            WRONG: lambda ev: ev},
     "C39": {HOLDS: lambda ev: {**ev, "peak_1": ev["usable"] * 2},
             CAVEAT: lambda ev: {**ev, "peak_1": ev["usable"] * 0.98},
             WRONG: lambda ev: ev},
-    "C41": {HOLDS: lambda ev: {**ev, "ratios": {n: 500.0 for n in ev["ratios"]}},
-            CAVEAT: lambda ev: {**ev, "ratios": {n: 300.0 for n in ev["ratios"]}},
+    "C41": {HOLDS: _c41_ratios(500.0, 500.0), CAVEAT: _c41_ratios(500.0, 300.0),
             WRONG: lambda ev: ev},
     "C42": {HOLDS: lambda ev: {**ev, "peaks": {b: {**p, "bf16-mixed": p["fp32"] // 2}
                                                for b, p in ev["peaks"].items()}},

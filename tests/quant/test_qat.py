@@ -222,20 +222,22 @@ def test_torch_fake_quant_facts_are_consistent():
 
 
 def test_claim_c19_verdict_is_computed(qat_result, monkeypatch):
+    """QAT as PyTorch ships it (min/max scales) is the claim's setting; LSQ is the move."""
     import memlab.quant.claims as quant_claims
     from memlab import claims
 
     monkeypatch.setattr(quant_claims, "qat_vs_ptq_ci", lambda bits: qat_result)
     check = claims.CHECKS["C19"]
     v = check.decide(check.evidence())  # uncached: the small run stands in for 'ci'
-    t = qat_result.torch_fake_quant
+    assert v.verdict == claims.WRONG and "min/max" in v.note
+    assert f"{qat_result.minmax_change_median:.1%}" in v.evidence
+    lsq = check.decide(check.evidence(scale_mode="learned"))
+    still = [s for s in qat_result.scales if s.moved_share == 0]
     if qat_result.scale_change_median <= qat.MOVED:
-        assert v.verdict == claims.WRONG
-    elif t.scale_is_parameter and t.scale_gets_grad:
-        assert v.verdict == claims.HOLDS
+        assert lsq.verdict == claims.WRONG
     else:
-        assert v.verdict == claims.CAVEAT and "buffer" in v.note
-    assert f"{qat_result.scale_change_median:.1%}" in v.evidence
+        assert lsq.verdict == (claims.CAVEAT if still else claims.HOLDS)
+    assert f"{qat_result.scale_change_median:.1%}" in lsq.evidence
 
 
 # optimizer_comparison -------------------------------------------------------------------------------

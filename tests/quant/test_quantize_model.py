@@ -651,6 +651,21 @@ def test_memory_20b():
     assert rows["fp16"].model_bits_per_param == pytest.approx(16)
 
 
+def test_memory_20b_with_larger_blocks_and_quantized_embeddings():
+    """Claim C15's move: the embeddings stored in each format and one 4-bit absmax per 4,096."""
+    g = quant.neox_20b_groups()
+    total = sum(g.values())
+    rows = {r.scheme: r for r in quant.memory_20b(blocksize=4096, quantize_embeddings=True)}
+    rest16 = g["biases+norms"] * 2
+    nf4 = (g["linear"] + g["embeddings"]) * (0.5 + 4 / 4096) + rest16
+    assert rows["nf4"].weights_gb == pytest.approx(nf4 / 1e9)
+    assert rows["int8 (per-row absmax)"].weights_gb < quant.memory_20b()[2].weights_gb
+    assert abs(rows["nf4"].weights_gb / 10 - 1) < 0.05  # the claim's 10 GB, scales and all
+    assert rows["fp32"].weights_gb == pytest.approx(total * 4 / 1e9)  # unchanged
+    with pytest.raises(MemlabError, match="blocksize"):
+        quant.memory_20b(blocksize=0)
+
+
 def test_memory_20b_frame_names_its_units():
     pytest.importorskip("pandas")
     frame = quant.memory_20b_frame()

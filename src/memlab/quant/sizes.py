@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from memlab.errors import check_positive_int
+
 # Memory of a 20B model -----------------------------------------------------------------------------
 # GPT-NeoX-20B's published shape (EleutherAI config.json): the model popular material's "20B" is.
 NEOX_20B = dict(d_model=6144, n_layer=44, vocab_size=50432, d_ff=24576)
@@ -45,29 +47,35 @@ class MemoryRow:
         return self.bits_per_param
 
 
-def memory_20b() -> list[MemoryRow]:
+def memory_20b(*, blocksize: int = 64, quantize_embeddings: bool = False) -> list[MemoryRow]:
     """The 20B weight-memory table, naive against what the stored tensors take (chapter: 3).
 
-    In GB (10^9 bytes).
+    In GB (10^9 bytes). ``blocksize`` is the 4-bit formats' weights per absmax (bitsandbytes'
+    default 64; GPTQ keeps its groups of 128); ``quantize_embeddings`` stores the embeddings and
+    the head in each format too (bitsandbytes' ``Embedding8bit`` / ``Embedding4bit``) instead
+    of 16-bit. Biases and norms stay 16-bit (fp32 in fp32).
     """
     from memlab.quant.functional import bits_per_parameter
 
+    check_positive_int("blocksize", blocksize)
     g = neox_20b_groups()
-    rest = g["embeddings"] + g["biases+norms"]
     shapes = _neox_20b_linears()
     rows_per_param = sum(o for o, _ in shapes) / sum(o * i for o, i in shapes)  # one scale per row
-    plan = [  # scheme, naive bits, linear bits (scales included), bytes of the rest per param
-        ("fp32", 32, 32.0, 4),
-        ("fp16", 16, 16.0, 2),
-        ("int8 (per-row absmax)", 8, 8 + 32 * rows_per_param, 2),
-        ("nf4", 4, bits_per_parameter("nf4"), 2),
-        ("nf4 + double quant", 4, bits_per_parameter("nf4", double_quant=True), 2),
-        ("int4 GPTQ, groups of 128", 4, bits_per_parameter("int4-zp", blocksize=128), 2),
+    plan = [  # scheme, naive bits, linear bits (scales included), embedding bits (per row: d)
+        ("fp32", 32, 32.0, 32.0),
+        ("fp16", 16, 16.0, 16.0),
+        ("int8 (per-row absmax)", 8, 8 + 32 * rows_per_param, 8 + 32 / NEOX_20B["d_model"]),
+        ("nf4", 4, bits_per_parameter("nf4", blocksize=blocksize), None),
+        ("nf4 + double quant", 4, bits_per_parameter("nf4", blocksize=blocksize,
+                                                     double_quant=True), None),
+        ("int4 GPTQ, groups of 128", 4, bits_per_parameter("int4-zp", blocksize=128), None),
     ]
     n = sum(g.values())
     rows = []
-    for s, nb, lb, rb in plan:
-        weight_bytes = g["linear"] * lb / 8 + rest * rb
+    for s, nb, lb, eb in plan:
+        rest = 32 if nb == 32 else 16  # biases and norms
+        emb = (lb if eb is None else eb) if quantize_embeddings or nb >= 16 else 16
+        weight_bytes = (g["linear"] * lb + g["embeddings"] * emb + g["biases+norms"] * rest) / 8
         rows.append(MemoryRow(s, CLAIMED_PARAMS * nb / 8 / 1e9, weight_bytes / 1e9, lb,
                               8 * weight_bytes / n))
     return rows

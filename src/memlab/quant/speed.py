@@ -74,3 +74,43 @@ def quant_speed(d_in: int = 8192, d_out: int = 8192, tokens=(1, 16, 2048), *, re
             base = ms if k == "bf16" else base
             rows.append(SpeedRow(k, n, ms, ms / base))
     return QuantSpeed("measured", device_name(dev), d_in, d_out, rows)
+
+
+# Int8 arithmetic on a CPU --------------------------------------------------------------------------
+CPU_INT8 = "int8 x int8 (torch.ao dynamic Linear, fbgemm)"
+
+
+def cpu_int8_speed(d: int = 2048, tokens=(1, 16, 256), *, repeats: int = 20,
+                   warmup: int = 3) -> dict:
+    """Forward time of one d x d linear layer on this CPU: int8 arithmetic against fp32 (chapter: 3).
+
+    The int8 layer is PyTorch's dynamic quantized ``Linear`` (fbgemm): int8 weights, inputs
+    quantized to 8 bits at each call, products summed in int32. One thread; each time is the
+    fastest of ``repeats`` (the least disturbed by other processes). Returns the quantized
+    engine, the CPU's vector capability and ``{tokens: (fp32 ms, int8 ms)}``.
+    """
+    import warnings
+
+    check_positive_int("d", d)
+    for n in tokens:
+        check_positive_int("tokens", n)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        lin = nn.Linear(d, d, bias=False).eval()
+        with warnings.catch_warnings():  # torch.ao.quantization's deprecation notices
+            warnings.simplefilter("ignore")
+            q = torch.ao.quantization.quantize_dynamic(nn.Sequential(lin), {nn.Linear},
+                                                       dtype=torch.qint8)
+            rows = {}
+            for n in tokens:
+                x = torch.randn(n, d)
+                with torch.no_grad():
+                    rows[n] = tuple(min(time_ms(lambda m=m, x=x: m(x), warmup=warmup,
+                                                repeats=repeats, device="cpu"))
+                                    for m in (lin, q))
+    finally:
+        torch.set_num_threads(threads)
+    return dict(engine=torch.backends.quantized.engine,
+                capability=torch.backends.cpu.get_cpu_capability(), d=d, rows=rows)
