@@ -96,8 +96,8 @@ def _c15(ev: dict) -> claims.Verdict:
     off_default = [k for k in CLAIMED_GB if not _near(ev["default"][k], k, tol)]
     return claims.judge_parts(
         "", parts,
-        f"computed for GPT-NeoX-20B's shape ({ev['params']:,} parameters) from the tensors each "
-        f"format stores ({layout}): " + ", ".join(f"{k} {v:.1f} GB" for k, v in st.items())
+        f"computed for GPT-NeoX-20B's shape ({ev['params']:,} parameters) from the bits each "
+        f"format stores per weight ({layout}): " + ", ".join(f"{k} {v:.1f} GB" for k, v in st.items())
         + "; n x bits / 8 gives " + " / ".join(f"{ev['naive'][k]:.1f}" for k in CLAIMED_GB)
         + " GB, the claim's figures for the codes alone: a quantized model also stores its "
         f"scales; 'needs' taken as within {tol:.0%}",
