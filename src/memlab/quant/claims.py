@@ -289,14 +289,14 @@ def _c18(ev: dict) -> claims.Verdict:
         "", [claims.Part("LLM.int8() keeps outlier features in 16-bit and the rest in int8",
                          ev["scratch_vs_bnb"] <= SCRATCH_TOLERANCE,
                          f"bitsandbytes' Linear8bitLt differs from that decomposition by "
-                         f"{ev['scratch_vs_bnb']:.1%} of max |y|"),
+                         f"{ev['scratch_vs_bnb']:.1e} of max |y|"),
              claims.Part("and so preserves quality where plain int8 fails", preserves,
                          f"LLM.int8() loses {lost['llm-int8']:.4f} nats where plain int8 loses "
                          f"{lost['int8']:.4f}" if int8_fails else
                          f"LLM.int8() did not cut the layer error by more than "
                          f"{ev['ratio_needed']:g}x ({ratio:.1f}x)")],
         f"measured on the book's small model: from-scratch LLM.int8() (outlier columns in "
-        f"16-bit, the rest int8) against bitsandbytes' Linear8bitLt: {ev['scratch_vs_bnb']:.1%} "
+        f"16-bit, the rest int8) against bitsandbytes' Linear8bitLt: {ev['scratch_vs_bnb']:.1e} "
         f"of max |y|; the layer with the most outlier columns ({most[0]}) has {most[1]} at |x| "
         f">= {ev['threshold']:g} (inputs from a norm: at most {ev['normed']}; where outliers are "
         f"many rather than few, as in {busiest[0].split('.', 2)[-1]}'s {busiest[1]} of "
