@@ -12,7 +12,8 @@ A lab's instructor version (``labs/labNN_*.ipynb``) is not in the book: the book
 student version (``labs/student/``, solutions and hidden tests out). The instructor version is
 checked against that execution cell for cell (a student version keeps every code cell, in
 order): each cell the two versions share is checked as above (no error; ``# NBVAL_CHECK_OUTPUT``
-outputs equal the instructor version's), and the answer and check cells, which differ, are not
+outputs equal the instructor version's; a cell under ``lab.reveal`` must print only its lock
+line, since no check passes there), and the answer and check cells, which differ, are not
 collected here: ``tests/labs/test_nbgrader.py`` autogrades the instructor version (every check
 correct, full marks) and the student version (every check "not attempted").
 """
@@ -63,6 +64,14 @@ def _replay_file_class():
             unrun = self.cell.execution_count is None
             if unrun and self.cell.outputs:
                 self.raise_cell_error("Unrun reference cell has outputs")
+            locked = self.parent.locked_text(self.cell.source)
+            if locked is not None:
+                shown = "".join(o.get("text", "") for o in outs if o.get("output_type") == "stream")
+                if shown != locked or any(o.get("output_type") != "stream" for o in outs):
+                    self.raise_cell_error(
+                        "the published student version shows what a check reveals",
+                        f"expected only:\n{locked}got:\n{shown}")
+                return  # the revealed outputs: tests/labs/test_nbgrader.py, the instructor's run
             if self.options["check"] and not unrun and not self.compare_outputs(
                     outs, coalesce_streams(self.cell.outputs)):
                 self.raise_cell_error("Cell outputs differ", "\n".join(self.comparison_traceback))
@@ -96,6 +105,15 @@ def _replay_file_class():
 
             nb = strip_solutions(read(str(self.path), as_version=4), source_name=str(self.path))
             return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+        def locked_text(self, source: str) -> str | None:
+            """What a lab's ``lab.reveal`` cell prints in the student version; None elsewhere."""
+            if self.published_sources is None:
+                return None
+            from memlab.labs.grader import locked_line, revealed_ids
+
+            ids = revealed_ids(source)
+            return "".join(locked_line(i) + "\n" for i in ids) if ids else None
 
         def executed_source(self, cell_num: int, source: str) -> str:
             """The source the executed copy's cell must have: the published version's for a lab."""

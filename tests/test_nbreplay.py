@@ -67,3 +67,21 @@ def test_no_executed_copy_is_a_usage_error(book):
                             "no:cacheprovider")
     assert result.ret != 0
     assert "no executed copy" in result.stdout.str() + result.stderr.str()
+
+
+REVEAL = '# NBVAL_CHECK_OUTPUT\nif lab.reveal("1.1"):\n    print(4)'
+
+
+@pytest.mark.parametrize(("published", "passes"), [("🔒 shown once 1.1 is correct\n", True),
+                                                    ("4\n", False)])
+def test_a_labs_revealed_cell_shows_only_its_lock_line_when_published(pytester, published, passes):
+    pytester.makeconftest((ROOT / "conftest.py").read_text())
+    _notebook(pytester.path / "labs" / "lab09_x.ipynb", [(REVEAL, "4\n")])  # the instructor's
+    _notebook(pytester.path / "labs" / "student" / "lab09_x.ipynb", [(REVEAL, None)])
+    _notebook(pytester.path / "_build" / "jupyter_execute" / "labs" / "student" / "lab09_x.ipynb",
+              [(REVEAL, published)])
+    result = pytester.runpytest("--nbval-executed", "_build/jupyter_execute", "labs/lab09_x.ipynb",
+                                "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1) if passes else result.assert_outcomes(failed=1)
+    if not passes:
+        result.stdout.fnmatch_lines(["*shows what a check reveals*"])

@@ -95,6 +95,11 @@ def test_reveal_waits_for_the_check(lab, capsys):
     from memlab.labs.grader import parse_check_line
 
     assert parse_check_line("🔒 shown once 1.1 is correct") is None
+    from memlab.labs.grader import locked_line, revealed_ids
+
+    assert locked_line("1.1") == "🔒 shown once 1.1 is correct"
+    assert revealed_ids('if lab.reveal("4.3b"):\n    x\nif lab.reveal( \'5.1\' ):') == ("4.3b", "5.1")
+    assert revealed_ids("lab.check('1.1', x)") == ()
     with pytest.raises(MemlabError, match="unknown exercise"):
         lab.reveal("9.9")
 

@@ -4,7 +4,8 @@ The labs form one assignment. nbgrader's own command line (``python -m nbgrader`
 student versions (``generate_assignment``) and autogrades two submissions: the instructor
 versions, which must score full marks, and the released student versions, which must run to the
 end and score 0 (their checks say "not attempted"; the autograder's hidden asserts are what
-fail). A released version must also be, cell for cell, what :mod:`memlab.labs.student`
+fail). A cell under ``lab.reveal`` shows its numbers in the instructor's run, equal to the
+outputs saved with ``# NBVAL_CHECK_OUTPUT``, and only its lock line in the student's run. A released version must also be, cell for cell, what :mod:`memlab.labs.student`
 (``make student``) writes.
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from memlab.labs.grader import get_lab, parse_check_line
+from memlab.labs.grader import get_lab, locked_line, parse_check_line, revealed_ids
 from memlab.labs.student import strip_solutions
 
 pytestmark = pytest.mark.slow
@@ -148,3 +149,23 @@ def test_autograded_notebooks_run_to_the_end(course, notebook, student):
             assert c["metadata"]["nbgrader"]["grade"]
             assert [e["ename"] for e in _errors(c)] == ["AssertionError"]
         assert f"0/{len(lab.ids)} correct" in summary
+
+
+@pytest.mark.parametrize("student", ["instructor", "student"])
+@pytest.mark.parametrize("notebook", LAB_NOTEBOOKS, ids=[p.stem for p in LAB_NOTEBOOKS])
+def test_revealed_cells_show_their_numbers_only_after_the_check(course, notebook, student):
+    saved = [c for c in json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+             if c["cell_type"] == "code"]
+    graded = [c for c in json.loads((course / "autograded" / student / ASSIGNMENT / notebook.name)
+                                    .read_text(encoding="utf-8"))["cells"]
+              if c["cell_type"] == "code"]
+    for i, (ours, ran) in enumerate(zip(saved, graded, strict=True)):
+        ids = revealed_ids(_source(ours))
+        if not ids:
+            continue
+        if student == "student":
+            assert _outputs_text(ran) == "".join(locked_line(x) + "\n" for x in ids), f"cell {i}"
+        elif "# NBVAL_CHECK_OUTPUT" in _source(ours):
+            assert _outputs_text(ran) == _outputs_text(ours), f"cell {i}: saved outputs are stale"
+        else:
+            assert not any(locked_line(x) in _outputs_text(ran) for x in ids), f"cell {i}"

@@ -242,7 +242,7 @@ class Lab:
         """
         if self.passed(exercise_id):
             return True
-        print(f"🔒 shown once {exercise_id} is correct")
+        print(locked_line(exercise_id))
         return False
 
     def check(self, exercise_id: str, answer: Any, **context: Any) -> CheckResult:
@@ -287,6 +287,24 @@ class Lab:
     def reset(self) -> None:
         """Forget the results of earlier checks (chapter: labs)."""
         self.results.clear()
+
+
+_REVEAL = re.compile(r"""\blab\.reveal\(\s*["']([^"']+)["']\s*\)""")
+
+
+def locked_line(exercise_id: str) -> str:
+    """The line :meth:`Lab.reveal` prints while ``exercise_id``'s check has not passed (chapter: labs)."""
+    return f"🔒 shown once {exercise_id} is correct"
+
+
+def revealed_ids(source: str) -> tuple[str, ...]:
+    """The exercise ids a cell's source passes to ``lab.reveal(...)``, in order (chapter: labs).
+
+    A published student version never passes a check, so such a cell prints exactly
+    :func:`locked_line` for each id there; its revealed outputs are checked against the
+    instructor version's own run instead.
+    """
+    return tuple(_REVEAL.findall(source))
 
 
 def parse_check_line(line: str) -> tuple[str, str] | None:
