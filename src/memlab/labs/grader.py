@@ -510,19 +510,43 @@ def number_problem(value: Any, expected: float, *, fallback: str | None = None,
     """Why a numeric answer is not ``expected``, or '' when it is (chapter: labs).
 
     Right is equal to ``expected`` when ``rtol`` is None, else within ``rtol`` of it
-    (:func:`close_to`). A value that is not a number gets ``"answer " + ask``; a wrong one the
+    (:func:`close_to`). A value that is not a number gets ``"answer " + ask`` and its type; a wrong one the
     hint of the slip it matches (:func:`named_slip`, within ``slip_rtol``, by default ``rtol`` or 0),
     else ``fallback``, by default how far off it is (:func:`off_by`). ``slips`` may be a function,
     called only for a wrong answer.
     """
     got = answer_number(value)
     if got is None:
-        return f"answer {ask}"
+        return f"answer {ask}, got {type(value).__name__}"
     if got == expected if rtol is None else close_to(got, expected, rtol):
         return ""
     slips = slips() if callable(slips) else slips
     return (named_slip(got, slips, (rtol or 0.0) if slip_rtol is None else slip_rtol)
             or (off_by(got, expected) if fallback is None else fallback))
+
+
+def verdict(problem: str) -> bool | tuple[bool, str]:
+    """A check's return value from what is wrong with an answer ('' when nothing) (chapter: labs)."""
+    return (False, problem) if problem else True
+
+
+def fit_problem(count: int, expected: int, *, budget: int, peak: Callable[[int], int],
+                slips: Callable[[], Iterable] = tuple, over: str, under: str) -> str:
+    """Why a predicted count is not the one whose traced peak just fits ``budget``; '' when it is (chapter: labs).
+
+    A predict-then-trace check: the learner names the smallest (or largest) count, e.g. ranks or
+    sequences per micro-batch, whose peak fits. A wrong count is traced (``peak(count)``) and the
+    answer says which side it is on: ``over`` when its own peak is over the budget, ``under`` when
+    it fits but is not the extreme one; then the hint of the slip it matches (:func:`named_slip`).
+    ``over`` may use ``{count}``, ``{peak}`` and ``{budget}``; ``under`` ``{count}``.
+    """
+    if count == expected:
+        return ""
+    hint = named_slip(float(count), slips(), 1e-12)
+    traced = peak(count)
+    why = (over.format(count=count, peak=traced, budget=budget) if traced > budget
+           else under.format(count=count))
+    return why + (f": {hint}" if hint else "")
 
 
 def answer_tensor(value: Any):

@@ -36,16 +36,14 @@ from memlab.finetune.estimate import (
 from memlab.finetune.freeze import count_trainable
 from memlab.finetune.lora import ALL_LINEAR, LoraConfig, LoraLinear, inject_lora, lora_forward
 from memlab.labs.grader import (
-    answer_number,
     answer_tensor,
     check_each_key,
     close_to,
     define_lab,
     merged_slips,
-    named_slip,
     number_problem,
-    off_by,
     one_line,
+    verdict,
 )
 from memlab.measure.step import StepMemory, trace_step
 from memlab.memory.activations import PARAM_BYTES
@@ -381,13 +379,9 @@ def weight_bytes_slips(expected: float) -> list[tuple[float, str]]:
 
 def check_weight_bytes(answer, rtol: float = WEIGHTS_RTOL):
     """Check the predicted bytes of :data:`QLORA_SETUP`'s weights, within ``rtol`` (chapter: 5)."""
-    got = answer_number(answer)
-    if got is None:
-        return False, f"answer a number of bytes, got {type(answer).__name__}"
     expected = qlora_weight_bytes()
-    if close_to(got, expected, rtol):
-        return True
-    return False, named_slip(got, weight_bytes_slips(expected), rtol) or off_by(got, expected)
+    return verdict(number_problem(answer, expected, ask="a number of bytes", rtol=rtol,
+                                  slips=lambda: weight_bytes_slips(expected)))
 
 
 # ------------------------------------------------------------ 5.4 the peak of a LoRA step
@@ -446,16 +440,12 @@ def lora_peak_slips(full: StepMemory, lora: StepMemory) -> list[tuple[float, str
 
 def check_lora_peak(answer, rtol: float = PEAK_RTOL):
     """Check a predicted peak of :data:`PEAK_JOB`'s LoRA step against its trace (chapter: 5)."""
-    got = answer_number(answer)
-    if got is None:
-        return False, f"answer a number of bytes, got {type(answer).__name__}"
     lora = traced_lora_step()
     expected = lora.peak_bytes
-    if close_to(got, expected, rtol):
-        return True
-    slips = [(v, h) for v, h in lora_peak_slips(traced_full_step(), lora)
-             if not close_to(v, expected, rtol)]
-    return False, named_slip(got, slips, PEAK_SLIP_RTOL) or off_by(got, expected)
+    return verdict(number_problem(
+        answer, expected, ask="a number of bytes", rtol=rtol, slip_rtol=PEAK_SLIP_RTOL,
+        slips=lambda: [(v, h) for v, h in lora_peak_slips(traced_full_step(), lora)
+                       if not close_to(v, expected, rtol)]))
 
 
 lab = define_lab("lab05", "Fine-tuning with less memory")

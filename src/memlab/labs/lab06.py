@@ -36,9 +36,11 @@ from memlab.labs.grader import (
     call_learner,
     close_to,
     define_lab,
+    fit_problem,
     merged_slips,
     named_slip,
     off_by,
+    verdict,
 )
 from memlab.model.config import ModelConfig, param_groups
 from memlab.model.transformer import build_model, lm_loss
@@ -417,18 +419,13 @@ def check_ranks(answer):
         return False, f"answer a number of ranks, an int, got {type(answer).__name__}"
     if got != int(got) or not FIT_FROM <= got <= MAX_RANKS:
         return False, f"answer a whole number of ranks from {FIT_FROM} to {MAX_RANKS}, got {got:g}"
-    n, budget = int(got), rank_budget_bytes()
-    expected = smallest_ranks(budget)
-    if n == expected:
-        return True
-    hint = named_slip(float(n), ranks_slips(), 1e-12)
-    peak = traced_rank_step(n).peak_bytes
-    if peak > budget:
-        why = (f"on {n} ranks the traced per-rank peak is {peak:,} bytes, more than the budget "
-               f"of {budget:,}")
-    else:
-        why = f"{n} ranks fit, but fewer fit too: answer the smallest number"
-    return False, why + (f": {hint}" if hint else "")
+    budget = rank_budget_bytes()
+    return verdict(fit_problem(
+        int(got), smallest_ranks(budget), budget=budget, slips=ranks_slips,
+        peak=lambda n: traced_rank_step(n).peak_bytes,
+        over="on {count} ranks the traced per-rank peak is {peak:,} bytes, more than the budget "
+             "of {budget:,}",
+        under="{count} ranks fit, but fewer fit too: answer the smallest number"))
 
 
 # ------------------------------------------------- 6.4 reading a gathered-parameter timeline

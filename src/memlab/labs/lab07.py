@@ -29,9 +29,10 @@ from memlab.labs.grader import (
     call_learner,
     close_to,
     define_lab,
+    fit_problem,
     merged_slips,
-    named_slip,
     off_by,
+    verdict,
 )
 from memlab.measure.step import StepMemory, trace_step
 from memlab.memory.activations import saved_tensors
@@ -539,18 +540,13 @@ def check_micro_batch(answer):
     if got != int(got) or int(got) not in divisors(G):
         return False, (f"the micro-batch must divide the global batch ({G}) so that micro-batch "
                        f"x accumulation steps is the global batch; got {got:g}")
-    m, budget = int(got), micro_budget_bytes()
-    expected = largest_micro_batch(budget)
-    if m == expected:
-        return True
-    hint = named_slip(float(m), micro_slips(), 1e-12)
-    peak = traced_micro_step(m).peak_bytes
-    if peak > budget:
-        why = (f"at micro-batch {m} the traced peak is {peak:,} bytes, more than the budget of "
-               f"{budget:,}")
-    else:
-        why = f"micro-batch {m} fits, but a larger one fits too"
-    return False, why + (f": {hint}" if hint else "")
+    budget = micro_budget_bytes()
+    return verdict(fit_problem(
+        int(got), largest_micro_batch(budget), budget=budget, slips=micro_slips,
+        peak=lambda m: traced_micro_step(m).peak_bytes,
+        over="at micro-batch {count} the traced peak is {peak:,} bytes, more than the budget of "
+             "{budget:,}",
+        under="micro-batch {count} fits, but a larger one fits too"))
 
 
 # ----------------------------------------------------------------- 7.4 the planner
