@@ -532,7 +532,7 @@ def verdict(problem: str) -> bool | tuple[bool, str]:
 
 def fit_problem(count: int, expected: int, *, budget: int, peak: Callable[[int], int],
                 slips: Callable[[], Iterable] = tuple, over: str, under: str) -> str:
-    """Why a predicted count is not the one whose traced peak just fits ``budget``; '' when it is (chapter: labs).
+    """Why a count is not the one whose traced peak just fits ``budget``, else '' (chapter: labs).
 
     A predict-then-trace check: the learner names the smallest (or largest) count, e.g. ranks or
     sequences per micro-batch, whose peak fits. A wrong count is traced (``peak(count)``) and the
