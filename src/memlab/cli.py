@@ -308,6 +308,9 @@ def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
                         "selective (the attention core only), every-K (every K-th block), "
                         "segments-K (K blocks per recomputed segment)")
     p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
+    p.add_argument("--loss-chunks", type=int, default=1, metavar="K",
+                   help="compute the LM head and the loss over K chunks of tokens, so the "
+                        "(batch, seq, vocab) logits never exist whole (default 1: unchunked)")
     p.add_argument("--lora-rank", type=int, default=None,
                    help="fine-tune with LoRA adapters of this rank (the base frozen)")
     p.add_argument("--lora-alpha", type=float, default=None,
@@ -364,7 +367,8 @@ def _flops_json(result, mode: str, spec) -> dict:
                     flops_source="counted (torch.utils.flop_counter.FlopCounterMode)")
     from memlab.compute.flops import ATTENTION_BACKWARD, step_flops
 
-    if spec.attention not in ATTENTION_BACKWARD or spec.prepare is not None:
+    if (spec.attention not in ATTENTION_BACKWARD or spec.prepare is not None
+            or spec.loss_chunks != 1):
         return {}  # the book's FlashAttention and fine-tuning set-ups: counted by a trace only
     f = step_flops(spec)
     return dict(flops=f.total, flops_by_phase=dict(forward=f.forward, backward=f.backward,
@@ -374,7 +378,8 @@ def _flops_json(result, mode: str, spec) -> dict:
 
 # a training step's options, with their values when not given
 _TRAINING_ONLY = (("optimizer", "--optimizer", None), ("optimizer_impl", "--optimizer-impl", None),
-                  ("checkpointing", "--checkpointing", False), ("grad_accum", "--grad-accum", 1))
+                  ("checkpointing", "--checkpointing", False), ("grad_accum", "--grad-accum", 1),
+                  ("loss_chunks", "--loss-chunks", 1))
 
 
 def _cmd_inference(args) -> int:
@@ -430,11 +435,14 @@ def _cmd_step(args, mode: str) -> int:
         raise MemlabError("--new-tokens and --kv-precision need --inference")
     cfg = get_config(args.model)
     prepare, trainable = _finetune_setup(args, cfg)
+    if prepare is not None and args.loss_chunks != 1 and mode != "trace":
+        raise MemlabError("--loss-chunks with a fine-tuning set-up is traced, not estimated: "
+                          "use memlab trace, or drop --loss-chunks")
     spec = StepSpec(cfg, batch_size=args.batch_size, seq_len=args.seq_len,
                     precision=args.precision or "fp32", optimizer=args.optimizer or "adamw",
                     optimizer_impl=args.optimizer_impl or "foreach",
                     checkpointing=args.checkpointing, grad_accum_steps=args.grad_accum,
-                    attention=args.attention, prepare=prepare)
+                    attention=args.attention, prepare=prepare, loss_chunks=args.loss_chunks)
     if mode == "trace":
         result = trace_step(spec, count_flops=True)
     elif prepare is None:  # a plain step: the plain estimator
@@ -471,6 +479,10 @@ def _cmd_sharded(args) -> int:
     if finetune:
         raise MemlabError(f"{flag} with {finetune[0]}: sharding a fine-tuning set-up is not "
                           f"modelled; {flag} estimates a full training step")
+    if args.loss_chunks != 1:
+        raise MemlabError(f"{flag} with --loss-chunks: the sharded estimate does not model a "
+                          "chunked loss yet; estimate one GPU's step without "
+                          f"{flag}, or drop --loss-chunks")
     stage = 0 if args.zero_stage is None else check_stage(args.zero_stage)
     if args.gpus is None:
         raise MemlabError("--zero-stage needs --gpus N, the number of data-parallel GPUs")

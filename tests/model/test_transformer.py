@@ -16,8 +16,10 @@ PUBLISHED = {
     "llama2-13b": 13_015_864_320,
     "llama2-70b": 68_976_648_192,
     "llama3-8b": 8_030_261_248,
+    "llama3.1-8b": 8_030_261_248,  # Llama 3.1 8B: Llama 3 8B's shapes
     "llama3-405b": 405_853_388_800,  # Llama 3.1 405B
     "mistral-7b": 7_241_732_096,
+    "qwen2.5-7b": 7_615_616_512,  # biases on q, k and v
 }
 
 
@@ -188,6 +190,20 @@ def test_config_type_errors_are_one_line():
 def test_tiny_preset_is_pinned():
     assert get_config("tiny").num_parameters() == 158_016
     assert count_parameters(build_model("tiny-gpt2", device="meta")) == 141_056
+
+
+def test_qkv_biases_count_exactly_and_are_refused_unless_a_flag():
+    cfg = get_config("tiny", qkv_bias=True)
+    plain = get_config("tiny")
+    assert cfg.num_parameters() == count_parameters(build_model(cfg, device="meta"))
+    assert cfg.num_parameters() - plain.num_parameters() == cfg.n_layer * (
+        cfg.d_model + 2 * cfg.kv_heads * cfg.head_dim)
+    from memlab.model.config import param_groups
+
+    assert sum(param_groups(cfg)[1]) * cfg.n_layer + sum(param_groups(cfg)[0]) + sum(
+        param_groups(cfg)[2]) == cfg.num_parameters()
+    with pytest.raises(MemlabError, match="qkv_bias must be true or false, got 'yes'"):
+        get_config("tiny", qkv_bias="yes")
 
 
 def test_gpt2_style_with_grouped_query_attention_counts_exactly():

@@ -129,7 +129,7 @@ def symbolic_config(style: str, attention: str = "sdpa", tied: bool = True):
     s = Sym.of
     return SimpleNamespace(style=style, attention=attention, tied=tied, n_layer=1, d_model=s("C"),
                            ffn_dim=s("F"), vocab_size=s("V"), n_head=s("nh"), kv_heads=s("nkv"),
-                           head_dim=s("hs"), max_seq_len=s("Tmax"))
+                           head_dim=s("hs"), max_seq_len=s("Tmax"), qkv_bias=False)
 
 
 def _key(value) -> str:

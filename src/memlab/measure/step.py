@@ -27,7 +27,7 @@ from memlab.errors import MemlabError, check_choice
 from memlab.model.config import OPTIMIZERS, ModelConfig
 from memlab.model.step import CATEGORIES, PHASES, StepSpec, checkpointing_words, step_bytes
 from memlab.model.train import make_optimizer
-from memlab.model.transformer import build_model, lm_loss
+from memlab.model.transformer import build_model, model_loss
 from memlab.units import to_unit
 
 # Parameter dtype, and the dtype autocast runs the forward in (None: no autocast).
@@ -298,7 +298,7 @@ def _iteration(setup, device, model, optimizer, idx, targets, tracker, phase_sna
         if micro:
             tracker.reset_mod_stats()  # MemTracker refuses a second forward otherwise
         with step_autocast(setup.precision, device):
-            loss = lm_loss(model(idx), targets)  # the logits die inside lm_loss, as in training
+            loss = model_loss(model, idx, targets, setup.loss_chunks)
         phase_done("forward")
         loss.backward()
         del loss

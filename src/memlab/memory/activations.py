@@ -48,15 +48,17 @@ def _dt(nbytes: int) -> str:
 
 def saved_tensors(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision: str = "fp32",
                   checkpointing: bool | str | Checkpointing = False,
-                  device: str = "cuda") -> list[SavedTensor]:
-    """Every tensor the book's model saves for backward, with its bytes (chapters: 1, 7).
+                  device: str = "cuda", loss_chunks: int = 1) -> list[SavedTensor]:
+    """Every tensor the book's model saves for backward, with its bytes (chapters: 1, 7, 8).
 
     Follows :class:`memlab.model.transformer.Transformer` line by line. ``precision`` decides the
     dtypes: in ``fp32`` everything is 4 bytes; in pure ``bf16`` the RMSNorm upcasts its input
     to fp32; under autocast (``*-mixed``) each Linear saves its own 16-bit copy of its input
     and of its weight. ``checkpointing`` is a plan of :mod:`memlab.model.checkpoint`: a
     checkpointed unit keeps its input only; ``selective`` keeps q, k and v but nothing the
-    attention core makes.
+    attention core makes. ``loss_chunks`` > 1: the head and the loss run in chunks
+    (:mod:`memlab.model.loss`), which keep the final norm's output and one log-sum-exp per token
+    instead of the logits' log-softmax (and, under autocast, of the head's 16-bit copies).
     """
     plan = parse_checkpointing(checkpointing)
     B, T, C, V = batch_size, seq_len, cfg.d_model, cfg.vocab_size
@@ -97,14 +99,52 @@ def saved_tensors(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision:
 
     # The final norm, the head and the loss.
     if cfg.style == "llama":
-        out += _rmsnorm("final norm", "head", BT, C, precision, consumer_linears=1)
+        norm = _rmsnorm("final norm", "head", BT, C, precision, consumer_linears=1)
     else:
-        out += _layernorm("final norm", "head", BT, C, precision, 1, device)
+        norm = _layernorm("final norm", "head", BT, C, precision, 1, device)
+    if loss_chunks > 1:  # the chunked loss keeps the norm's output as it is (fp32 under autocast)
+        if mixed:
+            norm[-1] = SavedTensor("final norm: output (kept by the chunked loss)", "head",
+                                   "(B, T, C)", "fp32", BT * C * 4)
+        out += norm
+        add("log-sum-exp of each token's logits (chunked loss)", "head", "(B*T,)", "fp32",
+            BT * 4)
+        return out
+    out += norm
     if mixed:
         add("lm_head weight cast to 16 bits", "head", "(V, C)", half, V * C * 2)
     add("log-softmax of the logits (fp32)", "head", "(B*T, V)", "fp32", BT * V * 4)
     add("loss", "head", "()", "fp32", 4)
     return out
+
+
+def chunked_head_peaks(cfg: ModelConfig, B: int, T: int, precision: str,
+                       loss_chunks: int) -> tuple[int, int]:
+    """Bytes the chunked head and loss add to the saved ones, at their two peaks (chapter: 8).
+
+    Read against :class:`memlab.model.loss.ChunkedLinearCrossEntropy`, for its largest chunk of
+    ``n`` = ceil(B*T / K) tokens. Forward: the chunk's logits (in the compute dtype, and their
+    fp32 copy) and the log-sum-exp's two per-row temporaries, beside autocast's 16-bit copy of
+    the head's weight. Backward: the gradient of the norm's output (B*T, C) and the fp32
+    accumulator of the head's weight gradient (V, C), beside the larger of two moments in a
+    chunk: the logits again with their softmax gradient scaled (fp32) and cast, or that
+    gradient's product with the chunk's input, a (V, C) matrix (and its fp32 copy), on its way
+    into the accumulator. Few tokens per chunk make the second the larger.
+    """
+    V, C, BT = cfg.vocab_size, cfg.d_model, B * T
+    n = -(-BT // loss_chunks)
+    cb, sb = COMPUTE_BYTES[precision], PARAM_BYTES[precision]
+    w_cast = V * C * cb if cb != sb else 0  # autocast: the weight in 16 bits, once per pass
+    h_cast = n * C * cb if cb != sb else 0
+    if cb == 4:
+        fwd_rows, bwd_rows = V * 4 + 8, 2 * V * 4 + 8
+    else:
+        fwd_rows, bwd_rows = V * cb + V * 4 + 4, 2 * V * 4 + V * cb + 8
+    fwd = w_cast + n * fwd_rows + 4  # + the running total
+    at_softmax = n * bwd_rows
+    at_weight_grad = n * 8 + n * V * cb + V * C * cb + (V * C * 4 if cb != 4 else 0)
+    bwd = BT * C * sb + V * C * 4 + w_cast + h_cast + max(at_softmax, at_weight_grad)
+    return fwd, bwd
 
 
 def _rmsnorm(label, scope, BT, C, precision, consumer_linears):
@@ -354,7 +394,7 @@ class BackwardGrads:
 def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumulating=False, *,
                      block: list[SavedTensor] | None = None, layers: int | None = None,
                      grads: BackwardGrads | None = None,
-                     checkpoint_casts: int | None = None) -> tuple[int, int]:
+                     checkpoint_casts: int | None = None, loss_chunks: int = 1) -> tuple[int, int]:
     """Activation-side bytes at the forward and the backward pass's highest points (chapters: 1, 7).
 
     Forward: everything saved, plus the logits (and their fp32 copy) while the loss is
@@ -401,8 +441,9 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
         acc += x_in if ckpt else (kept_first + (e - s - 1) * kept if s == 0 else (e - s) * kept)
 
     # Forward.
-    logits_live = BT * V * cb + (BT * V * 4 if cb != 4 else 0)
-    fwd = A + logits_live
+    head_fwd, head_bwd = (chunked_head_peaks(cfg, B, T, precision, loss_chunks) if loss_chunks > 1
+                          else (BT * V * cb + (BT * V * 4 if cb != 4 else 0), 2 * BT * V * 4))
+    fwd = A + head_fwd  # the logits (whole, or a chunk's) while the loss is computed
     if plan.recomputes_blocks and precision.endswith("-mixed"):
         fwd += (plan.checkpointed_blocks(L) * 2 * _linear_weight_numel(cfg)
                 if checkpoint_casts is None else checkpoint_casts)
@@ -422,7 +463,8 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
         fwd = max(fwd, model_level + fwd_below[L - 1] + softmax_at[0] + softmax_at[1])
 
     # Backward.
-    bwd = A + 2 * BT * V * 4  # start: the fp32 gradients of log-softmax's output and input
+    # start: the fp32 gradients of log-softmax's output and input (or the chunked head's)
+    bwd = A + head_bwd
     if grads is None:
         G_block, G_head = _block_param_grad_bytes(cfg, precision)
         grads = BackwardGrads(G_block, G_head, PARAM_BYTES[precision] * max(param_groups(cfg)[1]),

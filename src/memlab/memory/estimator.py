@@ -204,6 +204,7 @@ def estimate(
     checkpointing: bool | str = False,
     grad_accum_steps: int = 1,
     device: str = "cuda",
+    loss_chunks: int = 1,
 ) -> MemoryEstimate:
     """Estimate the bytes of a training step, by category and phase (chapter: 1).
 
@@ -225,7 +226,7 @@ def estimate(
         spec = StepSpec(model, batch_size=batch_size, seq_len=seq_len, precision=precision,
                         optimizer=optimizer, optimizer_impl=optimizer_impl,
                         checkpointing=checkpointing, grad_accum_steps=grad_accum_steps,
-                        attention=attention)
+                        attention=attention, loss_chunks=loss_chunks)
     cfg, batch_size, seq_len = spec.config, spec.batch_size, spec.seq_len
     precision, optimizer, optimizer_impl = spec.precision, spec.optimizer, spec.optimizer_impl
     checkpointing, grad_accum_steps = spec.checkpointing, spec.grad_accum_steps
@@ -236,11 +237,12 @@ def estimate(
     G = P
     S = optimizer_state_bytes(cfg, precision, optimizer, optimizer_impl, device)
     saved = saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision,
-                          checkpointing=checkpointing, device=device)
+                          checkpointing=checkpointing, device=device, loss_chunks=spec.loss_chunks)
     A = activation_bytes(saved, cfg.n_layer)
     tokens = 2 * BT * 8  # input ids and targets, int64
     accumulating = grad_accum_steps > 1
-    fwd, bwd = activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumulating)
+    fwd, bwd = activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumulating,
+                                loss_chunks=spec.loss_chunks)
     # A tied embedding gets two gradients (head and lookup); autograd holds the first until the
     # second arrives and adds them: three (V, C) tensors at the very end of the backward pass.
     # When gradients accumulate, the embedding's new gradient (V, C) is a temporary added into
@@ -257,7 +259,8 @@ def estimate(
         setup=dict(model=cfg.name, parameters=n, batch_size=B, seq_len=T, precision=precision,
                    optimizer=optimizer, optimizer_impl=optimizer_impl, attention=cfg.attention,
                    checkpointing=checkpointing, grad_accum_steps=grad_accum_steps, mode="train",
-                   new_tokens=0, device=device))
+                   new_tokens=0, device=device,
+                   **({"loss_chunks": spec.loss_chunks} if spec.loss_chunks != 1 else {})))
 
 
 def step_estimate(*, parameters: int, P: int, G: int, S: int, A: int, tokens: int, fwd: int,

@@ -43,9 +43,14 @@ class ModelConfig:
     # "sdpa" (PyTorch's fused kernels), "eager" (stores the softmax) or "flash" (the book's own
     # tiled FlashAttention, memlab.model.flash: saves O(T), reads K and V once per query group)
     attention: str = "sdpa"
+    # Biases on the q, k and v projections of a Llama-style model (Qwen2's attention); GPT-2
+    # style has biases everywhere regardless.
+    qkv_bias: bool = False
 
     def __post_init__(self) -> None:
         check_choice("model style", self.style, ("llama", "gpt2"))
+        if not isinstance(self.qkv_bias, bool):
+            raise MemlabError(f"model config qkv_bias must be true or false, got {self.qkv_bias!r}")
         check_choice("attention", self.attention, ATTENTION_IMPLS)
         for f in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len"):
             v = getattr(self, f)
@@ -106,6 +111,8 @@ class ModelConfig:
             total = V * C + self.max_seq_len * C + L * block + 2 * C  # wte + wpe + blocks + ln_f
         else:
             attn = C * C + 2 * C * kv + C * C  # q, k, v, o
+            if self.qkv_bias:
+                attn += C + 2 * kv
             mlp = 3 * C * F_  # gate, up, down
             norms = 2 * C
             block = attn + mlp + norms
@@ -158,6 +165,18 @@ PRESETS: dict[str, ModelConfig] = {
     "llama3-8b": ModelConfig(
         name="llama3-8b", vocab_size=128256, n_layer=32, n_head=32, n_kv_head=8, d_model=4096,
         d_ff=14336, max_seq_len=8192, rope_theta=500000.0,
+    ),
+    # Llama 3.1 8B: Llama 3 8B's shape with a 131,072-token context (its RoPE frequencies are
+    # rescaled for that length, which changes no shape and no byte).
+    "llama3.1-8b": ModelConfig(
+        name="llama3.1-8b", vocab_size=128256, n_layer=32, n_head=32, n_kv_head=8, d_model=4096,
+        d_ff=14336, max_seq_len=131072, rope_theta=500000.0,
+    ),
+    # Qwen2.5 7B: a 152,064-token vocabulary, biases on q, k and v, a 32,768-token context
+    # (131,072 with YaRN scaling, which changes no shape).
+    "qwen2.5-7b": ModelConfig(
+        name="qwen2.5-7b", vocab_size=152064, n_layer=28, n_head=28, n_kv_head=4, d_model=3584,
+        d_ff=18944, max_seq_len=32768, rope_theta=1000000.0, norm_eps=1e-6, qkv_bias=True,
     ),
     # Llama 3.1 405B's shape (the book keeps llama3-8b's max_seq_len of 8192).
     "llama3-405b": ModelConfig(
@@ -340,7 +359,8 @@ def param_groups(cfg: ModelConfig) -> tuple[list[int], list[int], list[int]]:
         head = [C, C]
     else:
         embed = [V * C]
-        block = [C, C * C, C * kv, C * kv, C * C, C, C * F, C * F, F * C]
+        qkv = [C * C, C, C * kv, kv, C * kv, kv] if cfg.qkv_bias else [C * C, C * kv, C * kv]
+        block = [C, *qkv, C * C, C, C * F, C * F, F * C]
         head = [C]
     if not cfg.tied:
         head.append(V * C)

@@ -87,6 +87,18 @@ def checkpointing_words(label) -> str:
     return ", checkpointing" if plan.kind == "full" else f", {plan.name} checkpointing"
 
 
+def check_loss_chunks(chunks, n_tokens: int | None = None) -> int:
+    """``chunks`` if it is a whole number from 1 to the tokens (B x T) it splits (chapter: 8).
+
+    Else a one-line error naming the value and the accepted range.
+    """
+    top = "the number of tokens (batch x sequence length)" if n_tokens is None else f"{n_tokens:,}"
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1 or (
+            n_tokens is not None and chunks > n_tokens):
+        raise MemlabError(f"loss_chunks must be a whole number from 1 to {top}, got {chunks!r}")
+    return chunks
+
+
 @dataclass(frozen=True)
 class StepSpec:
     """One training step, validated once: model, batch shape, precision, optimizer and switches.
@@ -108,6 +120,9 @@ class StepSpec:
     checkpointing: bool | str = False
     grad_accum_steps: int = 1  # micro-batches whose gradients add up before one optimizer step
     attention: str | None = None
+    # The LM head and the loss over this many chunks of tokens (memlab.model.loss): 1 computes
+    # the (B, T, V) logits whole.
+    loss_chunks: int = 1
     # Applied to the built model before the step (inside the fake mode when traced): freezing,
     # adapters, a quantized base (chapter 5). Named in ``as_dict`` by its ``name`` attribute.
     prepare: Callable[[torch.nn.Module], object] | None = None
@@ -138,6 +153,7 @@ class StepSpec:
                               "for it: foreach, for-loop")
         object.__setattr__(self, "checkpointing", parse_checkpointing(self.checkpointing).label)
         check_positive_int("grad_accum_steps", self.grad_accum_steps)
+        check_loss_chunks(self.loss_chunks, self.batch_size * self.seq_len)
         if self.prepare is not None and not callable(self.prepare):
             raise MemlabError(f"prepare must be a callable taking the model, got {self.prepare!r}")
 
@@ -164,6 +180,7 @@ class StepSpec:
             "checkpointing": self.checkpointing,
             "grad_accum_steps": self.grad_accum_steps,
             "attention": cfg.attention,
+            **({"loss_chunks": self.loss_chunks} if self.loss_chunks != 1 else {}),
             **({"prepare": getattr(self.prepare, "name", getattr(self.prepare, "__name__",
                                                                  "custom"))}
                if self.prepare is not None else {}),

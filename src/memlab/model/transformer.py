@@ -25,6 +25,7 @@ from memlab.errors import MemlabError
 from memlab.model.checkpoint import Checkpointing, parse_checkpointing
 from memlab.model.config import ModelConfig, get_config
 from memlab.model.flash import flash_attention
+from memlab.model.loss import chunked_lm_loss
 
 
 # Modules ---------------------------------------------------------------------------------
@@ -92,9 +93,10 @@ class Attention(nn.Module):
         self.cfg = cfg
         C, hs = cfg.d_model, cfg.head_dim
         bias = cfg.style == "gpt2"
-        self.q_proj = nn.Linear(C, cfg.n_head * hs, bias=bias)
-        self.k_proj = nn.Linear(C, cfg.kv_heads * hs, bias=bias)
-        self.v_proj = nn.Linear(C, cfg.kv_heads * hs, bias=bias)
+        qkv_bias = bias or cfg.qkv_bias
+        self.q_proj = nn.Linear(C, cfg.n_head * hs, bias=qkv_bias)
+        self.k_proj = nn.Linear(C, cfg.kv_heads * hs, bias=qkv_bias)
+        self.v_proj = nn.Linear(C, cfg.kv_heads * hs, bias=qkv_bias)
         self.o_proj = nn.Linear(cfg.n_head * hs, C, bias=bias)
         self.recompute_core = False  # selective checkpointing (set by the model's plan)
 
@@ -222,11 +224,14 @@ class Transformer(nn.Module):
             x = block(x, rope)
         return x
 
-    def forward(self, idx, kv_cache: KVCache | None = None, *, last_only: bool = False):
+    def forward(self, idx, kv_cache: KVCache | None = None, *, last_only: bool = False,
+                hidden: bool = False):
         """Logits (B, T, V) for token ids (B, T); with ``kv_cache``, at positions pos..pos+T-1.
 
         ``last_only=True`` computes the last position's logits only, (B, 1, V): all that
-        generation needs, and it spares the (B, T, V) logits of a prompt.
+        generation needs, and it spares the (B, T, V) logits of a prompt. ``hidden=True``
+        returns the final norm's output (B, T, C) instead, for a loss that applies the head
+        itself (:func:`memlab.model.loss.chunked_lm_loss`).
         """
         B, T = idx.shape
         pos = 0 if kv_cache is None else kv_cache.pos
@@ -254,6 +259,8 @@ class Transformer(nn.Module):
             kv_cache.pos = pos + T
         if last_only:
             x = x[:, -1:]  # (B, 1, C)
+        if hidden:
+            return self.norm_f(x)  # (B, T, C)
         return self.lm_head(self.norm_f(x))  # (B, T, V), or (B, 1, V)
 
 
@@ -319,3 +326,15 @@ def lm_loss(logits, targets):
     """Next-token cross-entropy (a 0-d tensor, nats) in fp32, as training code computes it (chapter: 0)."""
     B, T, V = logits.shape
     return F.cross_entropy(logits.float().reshape(B * T, V), targets.reshape(B * T))
+
+
+def model_loss(model: Transformer, idx, targets, loss_chunks: int = 1):
+    """The training loss of ``model`` on ``idx``: the head and the loss whole, or in chunks (chapter: 8).
+
+    ``loss_chunks=1`` is :func:`lm_loss` of the logits; more computes the head and the loss
+    over that many chunks of tokens (:func:`memlab.model.loss.chunked_lm_loss`), so the
+    (B, T, V) logits never exist whole.
+    """
+    if loss_chunks == 1:
+        return lm_loss(model(idx), targets)  # the logits die inside lm_loss, as in training
+    return chunked_lm_loss(model(idx, hidden=True), model.lm_head.weight, targets, loss_chunks)

@@ -1,0 +1,87 @@
+"""The estimator's chunked head and loss, held to traced steps (memlab.model.loss, chapter 8)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from memlab.errors import MemlabError
+from memlab.measure.step import trace_step
+from memlab.memory.estimator import estimate
+from memlab.model.config import ModelConfig
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+def _random_case(seed: int) -> tuple[ModelConfig, dict]:
+    """A model and a step drawn at random, not chosen in advance."""
+    rng = random.Random(seed)
+    style = rng.choice(["llama", "llama", "gpt2"])
+    n_head = rng.choice([2, 4])
+    cfg = ModelConfig(name=f"case{seed}", style=style, vocab_size=rng.randrange(500, 6000),
+                      n_layer=rng.randrange(1, 4), n_head=n_head,
+                      n_kv_head=rng.choice([None, n_head // 2]) if style == "llama" else None,
+                      d_model=16 * n_head * rng.randrange(1, 3), max_seq_len=512)
+    B, T = rng.randrange(1, 4), rng.randrange(16, 200)
+    step = dict(batch_size=B, seq_len=T, precision=rng.choice(["fp32", "bf16-mixed", "bf16"]),
+                checkpointing=rng.choice([False, True]),
+                loss_chunks=rng.randrange(2, min(B * T, 16) + 1))
+    return cfg, step
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_chunked_loss_estimate_is_within_3_percent_of_the_trace(seed):
+    cfg, step = _random_case(seed)
+    traced = trace_step(cfg, **step)
+    est = estimate(cfg, device="cpu", **step)
+    for phase in PHASES:
+        assert est.phase_peak_bytes[phase] == pytest.approx(traced.phase_peak_bytes[phase],
+                                                            rel=0.03), (phase, step)
+    assert est.saved_activations_bytes == pytest.approx(traced.saved_activations_bytes, rel=0.03)
+
+
+def test_chunks_save_the_log_softmax_and_lower_the_forward_and_backward():
+    cfg = ModelConfig(name="wide-vocab", vocab_size=8000, n_layer=2, n_head=4, d_model=64,
+                      max_seq_len=256)
+    step = dict(batch_size=2, seq_len=256, precision="bf16-mixed", checkpointing=True)
+    whole = trace_step(cfg, **step)
+    chunked = trace_step(cfg, loss_chunks=8, **step)
+    BT, V, C = 2 * 256, cfg.vocab_size, cfg.d_model
+    # log-softmax (B*T, V) fp32, the head's 16-bit weight and input copies and the loss out;
+    # the norm's fp32 output and a log-sum-exp per token in
+    dropped = BT * V * 4 + V * C * 2 + BT * C * 2 + 4 - BT * C * 4 - BT * 4
+    assert whole.saved_activations_bytes - chunked.saved_activations_bytes == dropped
+    for phase in ("forward", "backward"):
+        assert chunked.phase_peak_bytes[phase] < whole.phase_peak_bytes[phase]
+    assert chunked.setup["loss_chunks"] == 8 and "loss_chunks" not in whole.setup
+
+
+def test_bad_chunk_counts_are_refused_in_one_line():
+    for bad in (0, 2 * 64 + 1, 1.5, None):
+        with pytest.raises(MemlabError, match=r"loss_chunks must be a whole number from 1 to 128"):
+            estimate("tiny", batch_size=2, seq_len=64, loss_chunks=bad)
+
+
+def test_the_command_line_estimates_and_traces_a_chunked_loss(capsys, cli_error):
+    import json
+
+    from memlab.cli import main
+
+    step = ["--model", "tiny", "--batch-size", "2", "--seq-len", "64", "--precision",
+            "bf16-mixed", "--loss-chunks", "4", "--json"]
+    assert main(["estimate", *step]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    est = estimate("tiny", batch_size=2, seq_len=64, precision="bf16-mixed", loss_chunks=4)
+    assert printed["peak_bytes"] == est.peak_bytes and printed["setup"]["loss_chunks"] == 4
+    assert main(["trace", *step]) == 0
+    assert json.loads(capsys.readouterr().out)["peak_bytes"] == trace_step(
+        "tiny", batch_size=2, seq_len=64, precision="bf16-mixed", loss_chunks=4).peak_bytes
+    base = ["estimate", "--model", "tiny", "--batch-size", "2", "--seq-len", "64"]
+    cli_error([*base, "--loss-chunks", "0"], "loss_chunks must be a whole number from 1 to 128",
+              "got 0")
+    cli_error([*base, "--loss-chunks", "129"], "from 1 to 128", "got 129")
+    cli_error([*base, "--loss-chunks", "2", "--inference"], "--loss-chunks is for a training step")
+    cli_error([*base, "--loss-chunks", "2", "--zero-stage", "2", "--gpus", "4"],
+              "--zero-stage with --loss-chunks")
+    cli_error([*base, "--loss-chunks", "2", "--lora-rank", "4"], "memlab trace")
