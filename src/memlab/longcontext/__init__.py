@@ -1,0 +1,23 @@
+"""Part 8, long context and large vocabularies (chapter 8): where long sequences put the memory,
+and the levers that move it: chunked cross-entropy, activation offloading, context parallelism
+(ring attention), optimizer states that cost less and recomputation from a memory budget.
+
+The chunked loss lives with the model that calls it (:mod:`memlab.model.loss`, the step's
+``loss_chunks``); the pieces that measure live in this folder. Public names are re-exported here.
+
+Names are imported on first use (:mod:`memlab._lazy`).
+"""
+
+from memlab._lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "memlab.longcontext.ring": (
+        "LAYOUTS",
+        "RingAttention",
+        "causal_pairs",
+        "kv_bytes_sent_per_step",
+        "local_tokens",
+        "ring_attention",
+        "token_positions",
+    ),
+})
