@@ -82,7 +82,7 @@ def test_estimator_data_comes_from_the_library():
     data = est.estimator_data()
     assert data["param_bytes"] == PARAM_BYTES and data["compute_bytes"] == COMPUTE_BYTES
     assert data["bnb"] == {"block": BNB_BLOCK, "min_numel": BNB_MIN_NUMEL, "map_entries": 256}
-    assert data["bytes"] == {"int64": 8, "fp32": 4, "uint8": 1}
+    assert data["bytes"] == {"int64": 8, "fp32": 4, "bf16": 2, "uint8": 1}
     assert data["phases"] == list(PHASES)
     assert [g["name"] for g in data["gpus"]] == [g.name for g in CATALOGUE]
     for g in data["gpus"]:

@@ -219,7 +219,7 @@ def estimator_data(model: str | ModelConfig = "llama2-7b", gpus=CATALOGUE) -> di
         "version": 2,
         # what the script's own arithmetic multiplies by: token ids, fp32 sums, 8-bit states
         "bytes": {"int64": torch.int64.itemsize, "fp32": torch.float32.itemsize,
-                  "uint8": torch.uint8.itemsize},
+                  "bf16": torch.bfloat16.itemsize, "uint8": torch.uint8.itemsize},
         "param_bytes": dict(PARAM_BYTES),
         "compute_bytes": dict(COMPUTE_BYTES),
         "bnb": {"block": BNB_BLOCK, "min_numel": BNB_MIN_NUMEL,

@@ -118,6 +118,19 @@ def saved_tensors(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision:
     return out
 
 
+def checkpointed_block_peak(cfg: ModelConfig, B: int, T: int, precision: str) -> int:
+    """Bytes a checkpointed block holds at its forward's highest point, besides its input (chapter: 8).
+
+    Traced at its MLP: the residual stream after attention and the MLP norm's output, with the
+    SwiGLU's silu(gate), up and their product (Llama), or the fc output and its GELU (GPT-2).
+    """
+    BT, C, F = B * T, cfg.d_model, cfg.ffn_dim
+    cb, sb = COMPUTE_BYTES[precision], PARAM_BYTES[precision]
+    norm_out = 4 if precision.endswith("-mixed") else sb  # autocast's norms run in fp32
+    wide = 3 if cfg.style == "llama" else 2
+    return wide * BT * F * cb + BT * C * (sb + norm_out)
+
+
 def chunked_head_peaks(cfg: ModelConfig, B: int, T: int, precision: str,
                        loss_chunks: int) -> tuple[int, int]:
     """Bytes the chunked head and loss add to the saved ones, at their two peaks (chapter: 8).
@@ -444,9 +457,20 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
     head_fwd, head_bwd = (chunked_head_peaks(cfg, B, T, precision, loss_chunks) if loss_chunks > 1
                           else (BT * V * cb + (BT * V * 4 if cb != 4 else 0), 2 * BT * V * 4))
     fwd = A + head_fwd  # the logits (whole, or a chunk's) while the loss is computed
+    casts = 0
     if plan.recomputes_blocks and precision.endswith("-mixed"):
-        fwd += (plan.checkpointed_blocks(L) * 2 * _linear_weight_numel(cfg)
-                if checkpoint_casts is None else checkpoint_casts)
+        casts = (plan.checkpointed_blocks(L) * 2 * _linear_weight_numel(cfg)
+                 if checkpoint_casts is None else checkpoint_casts)
+        fwd += casts
+    if plan.recomputes_blocks:
+        # A checkpointed block's forward keeps nothing for the backward, but its tensors live
+        # while it runs: with a chunked loss (or a small vocabulary) its MLP can be the forward's
+        # highest point. That moment is the last checkpointed block's MLP product (before its
+        # down projection, whose 16-bit weight copy autocast has not made yet).
+        last = max(layer for layer in range(L) if recomputed[layer])
+        down = cfg.ffn_dim * C * 2 if (casts and checkpoint_casts is None) else 0
+        fwd = max(fwd, model_level + fwd_below[last] + casts - down
+                  + checkpointed_block_peak(cfg, B, T, precision))
     softmax_at = None  # (bytes of the block saved up to its softmax, bytes of the scores)
     if cfg.attention == "eager":
         before = 0

@@ -244,7 +244,15 @@
     // autocast, each checkpointed block's weight casts until autocast exits.
     var fwd = A + BT * cfg.vocab_size * cb + (cb !== fp32 ? BT * cfg.vocab_size * fp32 : 0);
     if (ckpt) {
-      fwd += L * bytesOf(block.filter(function (t) { return t.stage === "casts"; }), null);
+      var casts = L * bytesOf(block.filter(function (t) { return t.stage === "casts"; }), null);
+      fwd += casts;
+      // checkpointed_block_peak: the last block's MLP while it runs (its tensors kept by no one),
+      // before its down projection's 16-bit weight copy exists.
+      var normOut = precision.indexOf("-mixed") >= 0 ? fp32 : pb;
+      var wide = cfg.style === "llama" ? 3 : 2;
+      var down = casts > 0 ? cfg.ffn_dim * cfg.d_model * K.bytes.bf16 : 0;
+      fwd = Math.max(fwd, modelLevel + below(L - 1) + casts - down +
+                     wide * BT * cfg.ffn_dim * cb + BT * cfg.d_model * (pb + normOut));
     }
     var softmaxAt = null; // [bytes of the block saved up to its softmax, bytes of the scores]
     var before = 0;
