@@ -127,10 +127,14 @@ def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
                                            targets.reshape(B * T), chunks)
 
 
+def lm_loss(logits, targets):
+    """Next-token cross-entropy (a 0-d tensor, nats) in fp32, as training code computes it (chapter: 0)."""
+    B, T, V = logits.shape
+    upcast = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 (fp64 stays)
+    return F.cross_entropy(upcast.reshape(B * T, V), targets.reshape(B * T))
+
+
 def unchunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor,
                       targets: torch.Tensor) -> torch.Tensor:
-    """The LM head and ``F.cross_entropy`` as a model computes them, for comparison (chapter: 8)."""
-    B, T, _ = hidden.shape
-    logits = F.linear(hidden, weight)  # (B, T, V)
-    upcast = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 (fp64 stays)
-    return F.cross_entropy(upcast.reshape(B * T, -1), targets.reshape(B * T))
+    """The LM head and :func:`lm_loss` whole, as a model computes them, for comparison (chapter: 8)."""
+    return lm_loss(F.linear(hidden, weight), targets)  # (B, T, V) logits

@@ -25,7 +25,7 @@ from memlab.errors import MemlabError
 from memlab.model.checkpoint import Checkpointing, parse_checkpointing
 from memlab.model.config import ModelConfig, get_config
 from memlab.model.flash import flash_attention
-from memlab.model.loss import chunked_lm_loss
+from memlab.model.loss import chunked_lm_loss, lm_loss  # noqa: F401 - lm_loss's old home
 
 
 # Modules ---------------------------------------------------------------------------------
@@ -320,12 +320,6 @@ def build_model(
 def count_parameters(model: nn.Module) -> int:
     """Number of distinct parameters, a tied weight counted once (chapter: 0)."""
     return sum(p.numel() for p in model.parameters())
-
-
-def lm_loss(logits, targets):
-    """Next-token cross-entropy (a 0-d tensor, nats) in fp32, as training code computes it (chapter: 0)."""
-    B, T, V = logits.shape
-    return F.cross_entropy(logits.float().reshape(B * T, V), targets.reshape(B * T))
 
 
 def model_loss(model: Transformer, idx, targets, loss_chunks: int = 1):
