@@ -85,6 +85,18 @@ def test_off_by_never_gives_the_number():
     assert off_by(float("nan"), 1.0) == "that is not a finite number"
 
 
+def test_a_check_may_return_what_is_wrong_as_a_string(capsys):
+    from memlab.labs.grader import number_problem
+
+    lab = Lab("s", "a test lab")
+    lab.exercise("1.1", "bytes", check=lambda a: number_problem(a, 4000, ask="a number of bytes"))
+    assert lab.check("1.1", 4000).status == "correct"
+    assert lab.check("1.1", 8000).status == "not yet"
+    assert "2.0x too large" in capsys.readouterr().out
+    lab.check("1.1", "many")
+    assert "answer a number of bytes, got str" in capsys.readouterr().out
+
+
 def test_reveal_waits_for_the_check(lab, capsys):
     assert not lab.reveal("1.1")
     assert _line(capsys) == "🔒 shown once 1.1 is correct"

@@ -83,8 +83,10 @@ class Exercise:
     expected value is computed by memlab, never typed in. The answer is compared with it
     exactly, or within the relative tolerance ``rtol``. ``check``, when given, replaces that
     comparison: it is called as ``check(answer, **context)`` (plus ``expected=`` when
-    ``expected`` is set, if it takes that argument) and returns ``(ok, hint)``, ``ok``, or
-    ``None`` when the answer is still a stub; a check that takes ``rtol`` gets the exercise's.
+    ``expected`` is set, if it takes that argument) and returns ``(ok, hint)``, ``ok``, what is
+    wrong with the answer as a string ('' when nothing: :func:`number_problem`,
+    :func:`fit_problem`), or ``None`` when the answer is still a stub; a check that takes
+    ``rtol`` gets the exercise's.
     ``dimensionless``: the answer is a ratio or a share, so a wrong one is never blamed on
     units (bytes, GiB, GB): a factor such as 2^20/10^6 = 1.049 would only be a coincidence.
     ``hint``: the instructor's note on how the exercise is solved. A check never prints it: a
@@ -397,6 +399,8 @@ def _judge(ex: Exercise, answer: Any, context: Mapping[str, Any]) -> tuple[str, 
                              f"({type(exc).__name__}: {one_line(exc)})")
         if verdict is None:
             return NOT_ATTEMPTED, "replace None with your answer"
+        if isinstance(verdict, str):  # what is wrong with the answer, '' when nothing
+            verdict = (not verdict, verdict)
         ok, why = verdict if isinstance(verdict, tuple) else (verdict, "")
         return (CORRECT, "") if ok else (NOT_YET, _join(one_line(why or "")))
     ok, why = _compare(answer, expected, float(ex.rtol), units=not ex.dimensionless)
@@ -510,10 +514,10 @@ def number_problem(value: Any, expected: float, *, fallback: str | None = None,
     """Why a numeric answer is not ``expected``, or '' when it is (chapter: labs).
 
     Right is equal to ``expected`` when ``rtol`` is None, else within ``rtol`` of it
-    (:func:`close_to`). A value that is not a number gets ``"answer " + ask`` and its type; a wrong one the
-    hint of the slip it matches (:func:`named_slip`, within ``slip_rtol``, by default ``rtol`` or 0),
-    else ``fallback``, by default how far off it is (:func:`off_by`). ``slips`` may be a function,
-    called only for a wrong answer.
+    (:func:`close_to`). A value that is not a number gets ``"answer " + ask`` and its type; a
+    wrong one the hint of the slip it matches (:func:`named_slip`, within ``slip_rtol``, by
+    default ``rtol`` or 0), else ``fallback``, by default how far off it is (:func:`off_by`).
+    ``slips`` may be a function, called only for a wrong answer.
     """
     got = answer_number(value)
     if got is None:
@@ -523,11 +527,6 @@ def number_problem(value: Any, expected: float, *, fallback: str | None = None,
     slips = slips() if callable(slips) else slips
     return (named_slip(got, slips, (rtol or 0.0) if slip_rtol is None else slip_rtol)
             or (off_by(got, expected) if fallback is None else fallback))
-
-
-def verdict(problem: str) -> bool | tuple[bool, str]:
-    """A check's return value from what is wrong with an answer ('' when nothing) (chapter: labs)."""
-    return (False, problem) if problem else True
 
 
 def fit_problem(count: int, expected: int, *, budget: int, peak: Callable[[int], int],

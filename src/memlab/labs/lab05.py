@@ -43,7 +43,6 @@ from memlab.labs.grader import (
     merged_slips,
     number_problem,
     one_line,
-    verdict,
 )
 from memlab.measure.step import StepMemory, trace_step
 from memlab.memory.activations import PARAM_BYTES
@@ -380,8 +379,8 @@ def weight_bytes_slips(expected: float) -> list[tuple[float, str]]:
 def check_weight_bytes(answer, rtol: float = WEIGHTS_RTOL):
     """Check the predicted bytes of :data:`QLORA_SETUP`'s weights, within ``rtol`` (chapter: 5)."""
     expected = qlora_weight_bytes()
-    return verdict(number_problem(answer, expected, ask="a number of bytes", rtol=rtol,
-                                  slips=lambda: weight_bytes_slips(expected)))
+    return number_problem(answer, expected, ask="a number of bytes", rtol=rtol,
+                          slips=lambda: weight_bytes_slips(expected))
 
 
 # ------------------------------------------------------------ 5.4 the peak of a LoRA step
@@ -442,10 +441,10 @@ def check_lora_peak(answer, rtol: float = PEAK_RTOL):
     """Check a predicted peak of :data:`PEAK_JOB`'s LoRA step against its trace (chapter: 5)."""
     lora = traced_lora_step()
     expected = lora.peak_bytes
-    return verdict(number_problem(
+    return number_problem(
         answer, expected, ask="a number of bytes", rtol=rtol, slip_rtol=PEAK_SLIP_RTOL,
         slips=lambda: [(v, h) for v, h in lora_peak_slips(traced_full_step(), lora)
-                       if not close_to(v, expected, rtol)]))
+                       if not close_to(v, expected, rtol)])
 
 
 lab = define_lab("lab05", "Fine-tuning with less memory")

@@ -40,7 +40,6 @@ from memlab.labs.grader import (
     merged_slips,
     named_slip,
     off_by,
-    verdict,
 )
 from memlab.model.config import ModelConfig, param_groups
 from memlab.model.transformer import build_model, lm_loss
@@ -420,12 +419,12 @@ def check_ranks(answer):
     if got != int(got) or not FIT_FROM <= got <= MAX_RANKS:
         return False, f"answer a whole number of ranks from {FIT_FROM} to {MAX_RANKS}, got {got:g}"
     budget = rank_budget_bytes()
-    return verdict(fit_problem(
+    return fit_problem(
         int(got), smallest_ranks(budget), budget=budget, slips=ranks_slips,
         peak=lambda n: traced_rank_step(n).peak_bytes,
         over="on {count} ranks the traced per-rank peak is {peak:,} bytes, more than the budget "
              "of {budget:,}",
-        under="{count} ranks fit, but fewer fit too: answer the smallest number"))
+        under="{count} ranks fit, but fewer fit too: answer the smallest number")
 
 
 # ------------------------------------------------- 6.4 reading a gathered-parameter timeline

@@ -32,7 +32,6 @@ from memlab.labs.grader import (
     fit_problem,
     merged_slips,
     off_by,
-    verdict,
 )
 from memlab.measure.step import StepMemory, trace_step
 from memlab.memory.activations import saved_tensors
@@ -541,12 +540,12 @@ def check_micro_batch(answer):
         return False, (f"the micro-batch must divide the global batch ({G}) so that micro-batch "
                        f"x accumulation steps is the global batch; got {got:g}")
     budget = micro_budget_bytes()
-    return verdict(fit_problem(
+    return fit_problem(
         int(got), largest_micro_batch(budget), budget=budget, slips=micro_slips,
         peak=lambda m: traced_micro_step(m).peak_bytes,
         over="at micro-batch {count} the traced peak is {peak:,} bytes, more than the budget of "
              "{budget:,}",
-        under="micro-batch {count} fits, but a larger one fits too"))
+        under="micro-batch {count} fits, but a larger one fits too")
 
 
 # ----------------------------------------------------------------- 7.4 the planner
