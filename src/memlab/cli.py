@@ -311,6 +311,9 @@ def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
     p.add_argument("--loss-chunks", type=int, default=1, metavar="K",
                    help="compute the LM head and the loss over K chunks of tokens, so the "
                         "(batch, seq, vocab) logits never exist whole (default 1: unchunked)")
+    p.add_argument("--offload-activations", action="store_true",
+                   help="keep what the blocks save for the backward pass in the host's memory "
+                        "(with --checkpointing: each checkpointed unit's input)")
     p.add_argument("--lora-rank", type=int, default=None,
                    help="fine-tune with LoRA adapters of this rank (the base frozen)")
     p.add_argument("--lora-alpha", type=float, default=None,
@@ -379,7 +382,8 @@ def _flops_json(result, mode: str, spec) -> dict:
 # a training step's options, with their values when not given
 _TRAINING_ONLY = (("optimizer", "--optimizer", None), ("optimizer_impl", "--optimizer-impl", None),
                   ("checkpointing", "--checkpointing", False), ("grad_accum", "--grad-accum", 1),
-                  ("loss_chunks", "--loss-chunks", 1))
+                  ("loss_chunks", "--loss-chunks", 1),
+                  ("offload_activations", "--offload-activations", False))
 
 
 def _cmd_inference(args) -> int:
@@ -435,14 +439,17 @@ def _cmd_step(args, mode: str) -> int:
         raise MemlabError("--new-tokens and --kv-precision need --inference")
     cfg = get_config(args.model)
     prepare, trainable = _finetune_setup(args, cfg)
-    if prepare is not None and args.loss_chunks != 1 and mode != "trace":
-        raise MemlabError("--loss-chunks with a fine-tuning set-up is traced, not estimated: "
-                          "use memlab trace, or drop --loss-chunks")
+    for flag, on in (("--loss-chunks", args.loss_chunks != 1),
+                     ("--offload-activations", args.offload_activations)):
+        if prepare is not None and on and mode != "trace":
+            raise MemlabError(f"{flag} with a fine-tuning set-up is traced, not estimated: "
+                              f"use memlab trace, or drop {flag}")
     spec = StepSpec(cfg, batch_size=args.batch_size, seq_len=args.seq_len,
                     precision=args.precision or "fp32", optimizer=args.optimizer or "adamw",
                     optimizer_impl=args.optimizer_impl or "foreach",
                     checkpointing=args.checkpointing, grad_accum_steps=args.grad_accum,
-                    attention=args.attention, prepare=prepare, loss_chunks=args.loss_chunks)
+                    attention=args.attention, prepare=prepare, loss_chunks=args.loss_chunks,
+                    offload_activations=args.offload_activations)
     if mode == "trace":
         result = trace_step(spec, count_flops=True)
     elif prepare is None:  # a plain step: the plain estimator
@@ -456,6 +463,13 @@ def _cmd_step(args, mode: str) -> int:
     else:
         print(result.table())
         print(f"trainable parameters: {trainable:,}")
+        if spec.offload_activations:
+            from memlab.units import fmt_bytes
+
+            host = (result.offloaded["host_bytes"] if mode == "trace"
+                    else result.setup["offloaded_bytes"])
+            print(f"on the host after the forward pass: {fmt_bytes(host)} "
+                  f"({host:,} bytes), copied there and back every step")
     return 0
 
 
@@ -479,10 +493,11 @@ def _cmd_sharded(args) -> int:
     if finetune:
         raise MemlabError(f"{flag} with {finetune[0]}: sharding a fine-tuning set-up is not "
                           f"modelled; {flag} estimates a full training step")
-    if args.loss_chunks != 1:
-        raise MemlabError(f"{flag} with --loss-chunks: the sharded estimate does not model a "
-                          "chunked loss yet; estimate one GPU's step without "
-                          f"{flag}, or drop --loss-chunks")
+    for option, on in (("--loss-chunks", args.loss_chunks != 1),
+                       ("--offload-activations", args.offload_activations)):
+        if on:
+            raise MemlabError(f"{flag} with {option}: the sharded estimate does not model it "
+                              f"yet; estimate one GPU's step without {flag}, or drop {option}")
     stage = 0 if args.zero_stage is None else check_stage(args.zero_stage)
     if args.gpus is None:
         raise MemlabError("--zero-stage needs --gpus N, the number of data-parallel GPUs")

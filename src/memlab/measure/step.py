@@ -98,6 +98,9 @@ class StepMemory:
     # counted), in total and by phase; a checkpointed forward run again counts in 'backward'.
     flops: int | None = None  # None: not counted (count_flops=False)
     flops_by_phase: dict[str, int] = field(default_factory=dict)
+    # Activation offloading (memlab.model.offload.OffloadStats of the recorded step's last
+    # micro-batch): the bytes on the host after the forward pass and those moved each way.
+    offloaded: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         """The fields as a plain dict, bytes as ints (chapter: 0)."""
@@ -297,6 +300,8 @@ def _iteration(setup, device, model, optimizer, idx, targets, tracker, phase_sna
     for micro in range(setup.grad_accum_steps):
         if micro:
             tracker.reset_mod_stats()  # MemTracker refuses a second forward otherwise
+        if model.offload is not None:
+            model.offload.reset()
         with step_autocast(setup.precision, device):
             loss = model_loss(model, idx, targets, setup.loss_chunks)
         phase_done("forward")
@@ -388,7 +393,8 @@ def _run_step(setup: StepSpec, *, device: torch.device, traced: bool, seed: int,
             start_allocated = torch.cuda.memory_allocated(device)
             start_reserved = torch.cuda.memory_reserved(device)
         with default_dtype(_PARAM_DTYPE[setup.precision]):
-            model = build_model(cfg, device=device, seed=seed, checkpointing=setup.checkpointing)
+            model = build_model(cfg, device=device, seed=seed, checkpointing=setup.checkpointing,
+                                offload_activations=setup.offload_activations)
             if setup.prepare is not None:
                 try:
                     setup.prepare(model)
@@ -435,6 +441,7 @@ def _run_step(setup: StepSpec, *, device: torch.device, traced: bool, seed: int,
                 with counter:
                     flops = _PhaseFlops(counter)
                     step(None, flops)
+    offloaded = model.offload.stats.as_dict() if model.offload is not None else {}
 
     breakdown = {p: _categories(phase_snaps[p], optimizer_states) for p in PHASES}
     saved = phase_snaps["forward:end"]["ACT"]
@@ -449,6 +456,7 @@ def _run_step(setup: StepSpec, *, device: torch.device, traced: bool, seed: int,
         allocator_reserved_bytes=int(allocator_reserved) if cuda else None,
         flops=sum(flops.by_phase.values()) if count_flops else None,
         flops_by_phase=dict(flops.by_phase) if count_flops else {},
+        offloaded=offloaded,
     )
 
 

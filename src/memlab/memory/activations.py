@@ -407,7 +407,8 @@ class BackwardGrads:
 def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumulating=False, *,
                      block: list[SavedTensor] | None = None, layers: int | None = None,
                      grads: BackwardGrads | None = None,
-                     checkpoint_casts: int | None = None, loss_chunks: int = 1) -> tuple[int, int]:
+                     checkpoint_casts: int | None = None, loss_chunks: int = 1,
+                     offload: bool = False) -> tuple[int, int]:
     """Activation-side bytes at the forward and the backward pass's highest points (chapters: 1, 7).
 
     Forward: everything saved, plus the logits (and their fp32 copy) while the loss is
@@ -420,6 +421,11 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
     alive. A checkpointed unit is recomputed whole when its backward starts: its blocks below
     the one walked are alive in full. ``checkpointing`` is a plan of
     :mod:`memlab.model.checkpoint` (False and True for none and full).
+
+    ``offload``: every tensor the blocks save is on the host between the passes
+    (:mod:`memlab.model.offload`): a checkpointed unit's input is on the device only while the
+    unit runs, in the forward pass and again when its backward recomputes it; a block that is
+    not recomputed has on the device only the saved tensor its backward is using.
     """
     plan = parse_checkpointing(checkpointing)
     V, C = cfg.vocab_size, cfg.d_model
@@ -427,36 +433,23 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
     L = cfg.n_layer if layers is None else layers  # the blocks that save tensors
     cb, sb = COMPUTE_BYTES[precision], PARAM_BYTES[precision]
     model_level = sum(t.bytes for t in saved if t.scope == "model")
-    # Scope 'lowest': the lowest block gradients reach, when it saves less than the others
-    # (fine-tuning: no gradient flows into a frozen embedding).
     lowest = [t for t in saved if t.scope == "lowest"]
     A = activation_bytes(saved, L - 1 if lowest else L)
     # The full (recomputed) block: what a non-checkpointed block saves.
     if block is None:
         block = block_tensors(cfg, B, T, precision, device)
-    block_bytes = sum(t.bytes for t in block)
-    units = plan.units(L)
     x_in = BT * C * sb  # a checkpointed unit's input: the residual stream
-    # What a block that is not recomputed keeps: the whole block, or selective's list.
-    kept = block_bytes if plan.kind != "selective" else sum(
-        t.bytes for t in saved if t.scope == "layer")
-    kept_first = sum(t.bytes for t in lowest) if lowest else kept
-
-    # Bytes saved under each block when its backward runs (its own unit's input included), and
-    # whether the block is recomputed; ``fwd_below``: the same in the forward pass.
-    below, fwd_below, recomputed = [0] * L, [0] * L, [False] * L
-    acc = 0
-    for s, e, ckpt in units:
-        for layer in range(s, e):
-            recomputed[layer] = ckpt
-            below[layer] = acc + (x_in + (layer - s) * block_bytes if ckpt else 0)
-            fwd_below[layer] = acc + (x_in if ckpt else 0)
-        acc += x_in if ckpt else (kept_first + (e - s - 1) * kept if s == 0 else (e - s) * kept)
+    units = plan.units(L)
+    below, fwd_below, recomputed, offloaded = _saved_below(plan, saved, block, L, x_in, offload)
+    A -= offloaded  # on the host once the forward pass ends (memlab.model.offload)
 
     # Forward.
     head_fwd, head_bwd = (chunked_head_peaks(cfg, B, T, precision, loss_chunks) if loss_chunks > 1
                           else (BT * V * cb + (BT * V * 4 if cb != 4 else 0), 2 * BT * V * 4))
     fwd = A + head_fwd  # the logits (whole, or a chunk's) while the loss is computed
+    if offload and precision.endswith("-mixed"):
+        # autocast's cache keeps the offloaded weight casts on the device until it exits
+        fwd += (L - plan.checkpointed_blocks(L)) * 2 * _linear_weight_numel(cfg)
     casts = 0
     if plan.recomputes_blocks and precision.endswith("-mixed"):
         casts = (plan.checkpointed_blocks(L) * 2 * _linear_weight_numel(cfg)
@@ -524,10 +517,53 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
             elif role == "product factor":
                 # The product's backward returns the gradients of both factors at once.
                 consumer_grad = 2 * t.bytes
+            if offload and not recomputed[layer]:  # on the host, but for the one in use
+                prefix, casts_alive = t.bytes, 0
             alive = (model_level + below[layer] + prefix + casts_alive + done + grads_done + dx
                      + d_out + t.bytes + consumer_grad)
             bwd = max(bwd, alive)
     return fwd, bwd
+
+
+def _saved_below(plan, saved, block, L: int, x_in: int, offload: bool):
+    """Per block, the bytes saved below it on the device in the backward and the forward pass.
+
+    Also whether each block is recomputed, and the bytes the blocks save in all (what
+    offloading moves to the host; 0 without ``offload``). A checkpointed unit saves its input
+    ``x_in``; another block what it saves whole, or selective checkpointing's list.
+    """
+    block_bytes = sum(t.bytes for t in block)
+    lowest = [t for t in saved if t.scope == "lowest"]
+    kept = block_bytes if plan.kind != "selective" else sum(
+        t.bytes for t in saved if t.scope == "layer")
+    kept_first = sum(t.bytes for t in lowest) if lowest else kept
+    below, fwd_below, recomputed = [0] * L, [0] * L, [False] * L
+    acc = total = 0
+    for s, e, ckpt in plan.units(L):
+        for layer in range(s, e):
+            recomputed[layer] = ckpt
+            below[layer] = acc + (x_in + (layer - s) * block_bytes if ckpt else 0)
+            fwd_below[layer] = acc + (x_in if ckpt else 0)
+        unit = x_in if ckpt else (kept_first + (e - s - 1) * kept if s == 0 else (e - s) * kept)
+        total += unit
+        acc += 0 if offload else unit
+    return below, fwd_below, recomputed, total if offload else 0
+
+
+def offloaded_activation_bytes(cfg: ModelConfig, *, batch_size: int, seq_len: int,
+                               precision: str = "fp32", checkpointing: bool | str = False,
+                               device: str = "cuda") -> int:
+    """Bytes activation offloading keeps on the host after the forward pass (chapter: 8).
+
+    Everything the blocks save: with full checkpointing, exactly L x B x T x C elements of the
+    residual stream's dtype (the units' inputs); without it, every block's saved tensors.
+    """
+    plan = parse_checkpointing(checkpointing)
+    saved = saved_tensors(cfg, batch_size=batch_size, seq_len=seq_len, precision=precision,
+                          checkpointing=checkpointing, device=device)
+    block = block_tensors(cfg, batch_size, seq_len, precision, device)
+    x_in = batch_size * seq_len * cfg.d_model * PARAM_BYTES[precision]
+    return _saved_below(plan, saved, block, cfg.n_layer, x_in, True)[3]
 
 
 # Tiles alive in the book's FlashAttention backward: at the loop's highest point (S_ij, P_ij,

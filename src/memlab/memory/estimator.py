@@ -30,6 +30,7 @@ from memlab.memory.activations import (
     SavedTensor,
     activation_bytes,
     activation_peaks,
+    offloaded_activation_bytes,
     saved_tensors,
 )
 from memlab.model.config import ModelConfig, get_config, kv_cache_bytes, param_groups
@@ -205,6 +206,7 @@ def estimate(
     grad_accum_steps: int = 1,
     device: str = "cuda",
     loss_chunks: int = 1,
+    offload_activations: bool = False,
 ) -> MemoryEstimate:
     """Estimate the bytes of a training step, by category and phase (chapter: 1).
 
@@ -226,7 +228,8 @@ def estimate(
         spec = StepSpec(model, batch_size=batch_size, seq_len=seq_len, precision=precision,
                         optimizer=optimizer, optimizer_impl=optimizer_impl,
                         checkpointing=checkpointing, grad_accum_steps=grad_accum_steps,
-                        attention=attention, loss_chunks=loss_chunks)
+                        attention=attention, loss_chunks=loss_chunks,
+                        offload_activations=offload_activations)
     cfg, batch_size, seq_len = spec.config, spec.batch_size, spec.seq_len
     precision, optimizer, optimizer_impl = spec.precision, spec.optimizer, spec.optimizer_impl
     checkpointing, grad_accum_steps = spec.checkpointing, spec.grad_accum_steps
@@ -239,10 +242,15 @@ def estimate(
     saved = saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision,
                           checkpointing=checkpointing, device=device, loss_chunks=spec.loss_chunks)
     A = activation_bytes(saved, cfg.n_layer)
+    host = 0
+    if spec.offload_activations:  # the blocks' saved tensors on the host (memlab.model.offload)
+        host = offloaded_activation_bytes(cfg, batch_size=B, seq_len=T, precision=precision,
+                                          checkpointing=checkpointing, device=device)
+        A -= host
     tokens = 2 * BT * 8  # input ids and targets, int64
     accumulating = grad_accum_steps > 1
     fwd, bwd = activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumulating,
-                                loss_chunks=spec.loss_chunks)
+                                loss_chunks=spec.loss_chunks, offload=spec.offload_activations)
     # A tied embedding gets two gradients (head and lookup); autograd holds the first until the
     # second arrives and adds them: three (V, C) tensors at the very end of the backward pass.
     # When gradients accumulate, the embedding's new gradient (V, C) is a temporary added into
@@ -260,7 +268,9 @@ def estimate(
                    optimizer=optimizer, optimizer_impl=optimizer_impl, attention=cfg.attention,
                    checkpointing=checkpointing, grad_accum_steps=grad_accum_steps, mode="train",
                    new_tokens=0, device=device,
-                   **({"loss_chunks": spec.loss_chunks} if spec.loss_chunks != 1 else {})))
+                   **({"loss_chunks": spec.loss_chunks} if spec.loss_chunks != 1 else {}),
+                   **({"offload_activations": True, "offloaded_bytes": host}
+                      if spec.offload_activations else {})))
 
 
 def step_estimate(*, parameters: int, P: int, G: int, S: int, A: int, tokens: int, fwd: int,

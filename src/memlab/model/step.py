@@ -123,6 +123,9 @@ class StepSpec:
     # The LM head and the loss over this many chunks of tokens (memlab.model.loss): 1 computes
     # the (B, T, V) logits whole.
     loss_chunks: int = 1
+    # The blocks' saved tensors kept in the host's memory between the forward and backward passes
+    # (memlab.model.offload): with checkpointing, the checkpointed units' inputs.
+    offload_activations: bool = False
     # Applied to the built model before the step (inside the fake mode when traced): freezing,
     # adapters, a quantized base (chapter 5). Named in ``as_dict`` by its ``name`` attribute.
     prepare: Callable[[torch.nn.Module], object] | None = None
@@ -154,6 +157,9 @@ class StepSpec:
         object.__setattr__(self, "checkpointing", parse_checkpointing(self.checkpointing).label)
         check_positive_int("grad_accum_steps", self.grad_accum_steps)
         check_loss_chunks(self.loss_chunks, self.batch_size * self.seq_len)
+        if not isinstance(self.offload_activations, bool):
+            raise MemlabError(f"offload_activations must be True or False, got "
+                              f"{self.offload_activations!r}")
         if self.prepare is not None and not callable(self.prepare):
             raise MemlabError(f"prepare must be a callable taking the model, got {self.prepare!r}")
 
@@ -181,6 +187,7 @@ class StepSpec:
             "grad_accum_steps": self.grad_accum_steps,
             "attention": cfg.attention,
             **({"loss_chunks": self.loss_chunks} if self.loss_chunks != 1 else {}),
+            **({"offload_activations": True} if self.offload_activations else {}),
             **({"prepare": getattr(self.prepare, "name", getattr(self.prepare, "__name__",
                                                                  "custom"))}
                if self.prepare is not None else {}),

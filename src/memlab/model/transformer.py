@@ -14,6 +14,8 @@ nh query heads, nkv key/value heads, hs head size.
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 
 import torch
@@ -23,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from memlab.errors import MemlabError
 from memlab.model.checkpoint import Checkpointing, parse_checkpointing
+from memlab.model.offload import ActivationOffload
 from memlab.model.config import ModelConfig, get_config
 from memlab.model.flash import flash_attention
 from memlab.model.loss import chunked_lm_loss, lm_loss  # noqa: F401 - lm_loss's old home
@@ -211,6 +214,8 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.tok_emb.weight
         # Activation checkpointing (memlab.model.checkpoint): which blocks keep only their input.
         self.checkpointing = Checkpointing("none")
+        # Activation offloading (memlab.model.offload): None, or the hooks and their byte counts.
+        self.offload: ActivationOffload | None = None
 
     def set_checkpointing(self, plan) -> Checkpointing:
         """Turn on a checkpointing plan: False/True, 'selective', 'every-K', 'segments-K' (chapters: 1, 7)."""
@@ -246,7 +251,21 @@ class Transformer(nn.Module):
         else:
             rope = rope_cache(T, self.cfg.head_dim, self.cfg.rope_theta, device=idx.device,
                               start=pos)
-        if self.checkpointing.recomputes_blocks and torch.is_grad_enabled() and kv_cache is None:
+        training = torch.is_grad_enabled() and kv_cache is None
+        offload = self.offload if training and self.offload is not None else contextlib.nullcontext()
+        with offload:  # the blocks' saved tensors to the host (memlab.model.offload), if on
+            x = self._run_blocks(x, rope, kv_cache, training)
+        if kv_cache is not None:
+            kv_cache.pos = pos + T
+        if last_only:
+            x = x[:, -1:]  # (B, 1, C)
+        if hidden:
+            return self.norm_f(x)  # (B, T, C)
+        return self.lm_head(self.norm_f(x))  # (B, T, V), or (B, 1, V)
+
+    def _run_blocks(self, x, rope, kv_cache, training: bool):
+        """The blocks in order, each checkpointed unit through torch's checkpoint when training."""
+        if self.checkpointing.recomputes_blocks and training:
             for start, end, kept in self.checkpointing.units(len(self.blocks)):
                 if kept:  # keep only the unit's input; its forward runs again in the backward
                     x = checkpoint(self._blocks, x, rope, start, end, use_reentrant=False)
@@ -255,13 +274,7 @@ class Transformer(nn.Module):
         else:
             for i, block in enumerate(self.blocks):
                 x = block(x, rope, kv_cache, i)
-        if kv_cache is not None:
-            kv_cache.pos = pos + T
-        if last_only:
-            x = x[:, -1:]  # (B, 1, C)
-        if hidden:
-            return self.norm_f(x)  # (B, T, C)
-        return self.lm_head(self.norm_f(x))  # (B, T, V), or (B, 1, V)
+        return x
 
 
 def block_linears(model: nn.Module, kind: type[nn.Module] = nn.Linear) -> dict[str, nn.Module]:
@@ -295,12 +308,15 @@ def build_model(
     dtype=None,
     seed: int | None = 0,
     checkpointing: bool | str = False,
+    offload_activations: bool = False,
 ) -> Transformer:
     """Build a :class:`Transformer` from a config or preset name (chapter: all).
 
     ``device="meta"`` builds it without allocating any weights; ``checkpointing=True``
     turns on full activation checkpointing (one saved input per block), and a plan name
     ('selective', 'every-K', 'segments-K', :mod:`memlab.model.checkpoint`) another plan.
+    ``offload_activations=True`` keeps the blocks' saved tensors on the host between the passes
+    (:mod:`memlab.model.offload`; the model's ``offload.stats`` counts the bytes).
     """
     plan = parse_checkpointing(checkpointing)
     if isinstance(cfg, str):
@@ -314,6 +330,8 @@ def build_model(
             raise MemlabError(f"dtype must be a torch.dtype such as torch.bfloat16, got {dtype!r}")
         model = model.to(dtype)
     model.set_checkpointing(plan)
+    if offload_activations:
+        model.offload = ActivationOffload()
     return model
 
 

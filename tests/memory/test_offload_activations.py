@@ -1,0 +1,78 @@
+"""The estimator's activation offloading, held to traced steps (memlab.model.offload, chapter 8)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from memlab.measure.step import measure_step, trace_step
+from memlab.memory.activations import offloaded_activation_bytes
+from memlab.memory.estimator import estimate
+from memlab.model.config import ModelConfig
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+def _random_case(seed: int) -> tuple[ModelConfig, dict]:
+    """A model and a step drawn at random, not chosen in advance."""
+    rng = random.Random(1000 + seed)
+    style = rng.choice(["llama", "llama", "gpt2"])
+    n_head = rng.choice([2, 4])
+    cfg = ModelConfig(name=f"case{seed}", style=style, vocab_size=rng.randrange(500, 6000),
+                      n_layer=rng.randrange(1, 5), n_head=n_head,
+                      n_kv_head=rng.choice([None, n_head // 2]) if style == "llama" else None,
+                      d_model=16 * n_head * rng.randrange(1, 3), max_seq_len=512)
+    B, T = rng.randrange(1, 4), rng.randrange(16, 200)
+    step = dict(batch_size=B, seq_len=T, precision=rng.choice(["fp32", "bf16-mixed", "bf16"]),
+                checkpointing=rng.choice([False, True, True]),
+                loss_chunks=rng.choice([1, 1, 4]), offload_activations=True)
+    return cfg, step
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_offload_estimate_is_within_3_percent_of_the_trace(seed):
+    cfg, step = _random_case(seed)
+    traced = trace_step(cfg, **step)
+    est = estimate(cfg, device="cpu", **step)
+    for phase in PHASES:
+        assert est.phase_peak_bytes[phase] == pytest.approx(traced.phase_peak_bytes[phase],
+                                                            rel=0.03), (phase, step)
+    assert est.saved_activations_bytes == pytest.approx(traced.saved_activations_bytes, rel=0.03)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16"])
+def test_checkpointed_offload_moves_exactly_the_units_inputs(precision):
+    """L x B x T x C elements of the residual stream's dtype leave the device, measured."""
+    cfg = ModelConfig(name="offload", n_layer=3, n_head=4, d_model=64, vocab_size=1000,
+                      max_seq_len=128)
+    step = dict(batch_size=2, seq_len=96, precision=precision, checkpointing=True)
+    kept = measure_step(cfg, **step)
+    moved = measure_step(cfg, offload_activations=True, **step)
+    resid = 2 if precision == "bf16" else 4
+    inputs = cfg.n_layer * 2 * 96 * cfg.d_model * resid
+    assert moved.offloaded["host_bytes"] == inputs
+    assert moved.offloaded["to_device_bytes"] == inputs  # each copied back once
+    assert kept.saved_activations_bytes - moved.saved_activations_bytes == inputs
+    assert offloaded_activation_bytes(cfg, precision=precision, checkpointing=True,
+                                      **{k: step[k] for k in ("batch_size", "seq_len")}) == inputs
+
+
+def test_offload_without_checkpointing_moves_the_blocks_saved_tensors():
+    cfg = ModelConfig(name="offload", n_layer=2, n_head=4, d_model=64, vocab_size=1000,
+                      max_seq_len=128)
+    step = dict(batch_size=2, seq_len=64, precision="bf16-mixed")
+    kept = trace_step(cfg, **step)
+    moved = trace_step(cfg, offload_activations=True, **step)
+    freed = kept.saved_activations_bytes - moved.saved_activations_bytes
+    # the host also keeps copies of a few tensors the step holds anyway (the rotary tables)
+    assert freed <= moved.offloaded["host_bytes"] <= 1.05 * freed
+    assert moved.phase_peak_bytes["backward"] < kept.phase_peak_bytes["backward"]
+
+
+def test_cli_refuses_offload_where_it_is_not_modelled(cli_error):
+    base = ["estimate", "--model", "tiny", "--batch-size", "2", "--seq-len", "64",
+            "--offload-activations"]
+    cli_error([*base, "--inference"], "--offload-activations is for a training step")
+    cli_error([*base, "--zero-stage", "2", "--gpus", "4"], "--zero-stage with --offload-activations")
+    cli_error([*base, "--lora-rank", "4"], "memlab trace")
