@@ -439,11 +439,9 @@ def _cmd_step(args, mode: str) -> int:
         raise MemlabError("--new-tokens and --kv-precision need --inference")
     cfg = get_config(args.model)
     prepare, trainable = _finetune_setup(args, cfg)
-    for flag, on in (("--loss-chunks", args.loss_chunks != 1),
-                     ("--offload-activations", args.offload_activations)):
-        if prepare is not None and on and mode != "trace":
-            raise MemlabError(f"{flag} with a fine-tuning set-up is traced, not estimated: "
-                              f"use memlab trace, or drop {flag}")
+    if prepare is not None and args.loss_chunks != 1 and mode != "trace":
+        raise MemlabError("--loss-chunks with a fine-tuning set-up is traced, not estimated: "
+                          "use memlab trace, or drop --loss-chunks")
     spec = StepSpec(cfg, batch_size=args.batch_size, seq_len=args.seq_len,
                     precision=args.precision or "fp32", optimizer=args.optimizer or "adamw",
                     optimizer_impl=args.optimizer_impl or "foreach",

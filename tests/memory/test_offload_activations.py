@@ -6,10 +6,13 @@ import random
 
 import pytest
 
+from memlab.finetune import LoraConfig, Setup
+from memlab.finetune.estimate import estimate_finetune
 from memlab.measure.step import measure_step, trace_step
 from memlab.memory.activations import offloaded_activation_bytes
 from memlab.memory.estimator import estimate
 from memlab.model.config import ModelConfig
+from memlab.model.step import StepSpec
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -75,4 +78,28 @@ def test_cli_refuses_offload_where_it_is_not_modelled(cli_error):
             "--offload-activations"]
     cli_error([*base, "--inference"], "--offload-activations is for a training step")
     cli_error([*base, "--zero-stage", "2", "--gpus", "4"], "--zero-stage with --offload-activations")
-    cli_error([*base, "--lora-rank", "4"], "memlab trace")
+    cli_error([*base, "--lora-rank", "4"], "memlab trace", "or add checkpointing")
+
+
+@pytest.mark.parametrize("setup", [Setup("LoRA q,v", lora=LoraConfig(r=8)),
+                                   Setup("LoRA all", lora=LoraConfig(r=4, target_modules="all-linear")),
+                                   Setup("last 2", train_last=2)], ids=lambda s: s.name)
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16"])
+def test_fine_tuning_offload_estimate_is_held_to_the_trace(setup, precision):
+    spec = StepSpec("tiny", batch_size=2, seq_len=48, precision=precision, prepare=setup,
+                    checkpointing=True, offload_activations=True)
+    traced, est = trace_step(spec), estimate_finetune(spec, device="cpu")
+    for phase in PHASES:
+        assert est.phase_peak_bytes[phase] == pytest.approx(traced.phase_peak_bytes[phase],
+                                                            rel=0.03), phase
+    assert est.setup["offloaded_bytes"] == traced.offloaded["host_bytes"]
+
+
+def test_a_8b_lora_step_with_offload_matches_its_trace():
+    spec = StepSpec("llama3.1-8b", batch_size=1, seq_len=4096, precision="bf16",
+                    prepare=Setup("LoRA all", lora=LoraConfig(r=16, target_modules="all-linear")),
+                    checkpointing=True, offload_activations=True, loss_chunks=1)
+    traced, est = trace_step(spec), estimate_finetune(spec, device="cpu")
+    for phase in PHASES:
+        assert est.phase_peak_bytes[phase] == pytest.approx(traced.phase_peak_bytes[phase],
+                                                            rel=0.03), phase

@@ -240,6 +240,10 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
     accumulating = spec.grad_accum_steps > 1
     pb = PARAM_BYTES[precision]
     BT = B * T
+    if spec.offload_activations and not ckpt:
+        raise MemlabError("a fine-tuning estimate models activation offloading with full "
+                          "checkpointing (the units' inputs on the host); without it, trace "
+                          "the step (memlab trace), or add checkpointing")
 
     everything = saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision, device=device)
     model_level = [t for t in everything if t.scope == "model"]
@@ -289,16 +293,19 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
     scratch = step_scratch_bytes(tensors, trained_pb, optimizer, optimizer_impl)
     A = activation_bytes(saved, layers - 1 if any(t.scope == "lowest" for t in saved)
                          else layers)
+    host = layers * BT * cfg.d_model * pb if spec.offload_activations else 0  # the units' inputs
+    A -= host
     grads = BackwardGrads(g_block, 0, trained_pb * max(t for t, _ in tensors), in_block)
     fwd, bwd = activation_peaks(cfg, saved, B, T, precision, ckpt, device, accumulating,
                                 block=block, layers=layers, grads=grads,
-                                checkpoint_casts=ckpt_casts)
+                                checkpoint_casts=ckpt_casts, offload=spec.offload_activations)
     setup = {**full.setup, "trainable_parameters": trainable,
              "lora": None if lora is None else {
                  "r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout,
                  "target_modules": lora.target_modules if isinstance(lora.target_modules, str)
                  else ",".join(lora.target_modules)},
-             "train_last": train_last, "quantize_base": quantize_base}
+             "train_last": train_last, "quantize_base": quantize_base,
+             **({"offload_activations": True, "offloaded_bytes": host} if host else {})}
     tokens = 2 * BT * 8  # input ids and targets, int64
     # No embedding gradient arrives at the end: the embedding is frozen.
     return step_estimate(parameters=full.parameters, P=P, G=G, S=S, A=A, tokens=tokens, fwd=fwd,
