@@ -160,6 +160,19 @@ def chunked_head_peaks(cfg: ModelConfig, B: int, T: int, precision: str,
     return fwd, bwd
 
 
+def head_peaks(cfg: ModelConfig, B: int, T: int, precision: str,
+               loss_chunks: int = 1) -> tuple[int, int]:
+    """Bytes the LM head and the loss hold at their forward and backward highest points (chapter: 8).
+
+    Whole: the (B, T, V) logits in the compute dtype and their fp32 copy for the loss, then the
+    fp32 gradients of log-softmax's output and input. Chunked: :func:`chunked_head_peaks`.
+    """
+    if loss_chunks > 1:
+        return chunked_head_peaks(cfg, B, T, precision, loss_chunks)
+    BTV, cb = B * T * cfg.vocab_size, COMPUTE_BYTES[precision]
+    return BTV * cb + (BTV * 4 if cb != 4 else 0), 2 * BTV * 4
+
+
 def _rmsnorm(label, scope, BT, C, precision, consumer_linears):
     """RMSNorm (x * rsqrt(mean(x^2) + eps)) * w, computed in fp32 as in models.RMSNorm."""
     out = []
@@ -428,7 +441,7 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
     not recomputed has on the device only the saved tensor its backward is using.
     """
     plan = parse_checkpointing(checkpointing)
-    V, C = cfg.vocab_size, cfg.d_model
+    C = cfg.d_model
     BT = B * T
     L = cfg.n_layer if layers is None else layers  # the blocks that save tensors
     cb, sb = COMPUTE_BYTES[precision], PARAM_BYTES[precision]
@@ -444,8 +457,7 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
     A -= offloaded  # on the host once the forward pass ends (memlab.model.offload)
 
     # Forward.
-    head_fwd, head_bwd = (chunked_head_peaks(cfg, B, T, precision, loss_chunks) if loss_chunks > 1
-                          else (BT * V * cb + (BT * V * 4 if cb != 4 else 0), 2 * BT * V * 4))
+    head_fwd, head_bwd = head_peaks(cfg, B, T, precision, loss_chunks)
     fwd = A + head_fwd  # the logits (whole, or a chunk's) while the loss is computed
     if offload and precision.endswith("-mixed"):
         # autocast's cache keeps the offloaded weight casts on the device until it exits
