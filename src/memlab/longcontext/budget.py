@@ -24,22 +24,23 @@ saved outputs) and the FLOPs of each graph as ``FlopCounterMode`` counts them.
 :func:`budget_table` sets these beside chapter 7's hand-written plans of the same model,
 stepped for real (:func:`memlab.measure.step.measure_step`).
 
-PyTorch's other tool, ``torch.distributed._tools.sac_estimator.SACEstimator`` with its ILP
-(``sac_ilp``), is not run here: its runtime model is either a roofline that refuses to run
-without CUDA or per-operator timings (not deterministic), its trade-off curve needs the
-``pwlf`` package and its solver ``pulp``, none of which a CPU build of the book has.
+PyTorch's other tool, ``torch.distributed._tools.sac_estimator.SACEstimator`` with its solver
+(``torch.distributed._tools.sac_ilp``), is not run here (:func:`sac_estimator_lacks` says
+what this machine lacks for it): its two runtime models need CUDA (the roofline refuses to run
+without it; the benchmark times each operator with CUDA events, so its numbers would not be
+deterministic anyway), its trade-off curve is fitted with the ``pwlf`` package and its solver
+is an integer program in ``pulp``.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import math
 from dataclasses import asdict, dataclass, replace
 from numbers import Real
 
 from memlab.compute.checkpointing import CKPT_CI
-from memlab.errors import MemlabError, check_choice, check_positive_int
+from memlab.errors import MemlabError, check_positive_int
 from memlab.model.checkpoint import parse_checkpointing
 from memlab.model.config import ModelConfig, get_config
 from memlab.model.step import StepSpec
@@ -47,7 +48,7 @@ from memlab.model.step import StepSpec
 BUDGETS = (1.0, 0.8, 0.6, 0.4, 0.2, 0.0)  # torch's activation_memory_budget, tried in turn
 
 BUDGET_CI = replace(CKPT_CI, name="budget-ci", n_layer=2)
-"""Chapter 7's CPU model with 2 blocks: the compiler traces it in about a second."""
+"""Chapter 7's CPU model (``CKPT_CI``) cut to 2 blocks: the compiler's work grows with the graph."""
 
 BUDGET_SIZES = {
     "ci": dict(model=BUDGET_CI, batch_size=2, seq_len=128, precision="fp32",
@@ -56,7 +57,18 @@ BUDGET_SIZES = {
                  plans=("none", "selective", "every-2", "segments-3", "full")),
 }
 
-PRECISIONS = ("fp32", "bf16")  # what the compiled step runs in (no autocast inside the graph)
+
+def sac_estimator_lacks() -> tuple[str, ...]:
+    """What PyTorch's SAC estimator and its ILP need that this machine lacks (chapter: 8).
+
+    ``cuda`` (its runtime models), ``pwlf`` (its trade-off curve), ``pulp`` (its solver).
+    """
+    import importlib.util
+
+    import torch
+
+    lacks = () if torch.cuda.is_available() else ("cuda",)
+    return lacks + tuple(p for p in ("pwlf", "pulp") if importlib.util.find_spec(p) is None)
 
 
 def check_budget(value) -> float:
@@ -132,7 +144,6 @@ def _step_spec(model, batch_size, seq_len, precision) -> StepSpec:
     cfg = get_config(model) if isinstance(model, str) else model
     if not isinstance(cfg, ModelConfig):
         raise MemlabError(f"model must be a preset name or a ModelConfig, got {model!r}")
-    check_choice("precision", precision, PRECISIONS)
     return StepSpec(cfg, batch_size=check_positive_int("batch_size", batch_size),
                     seq_len=check_positive_int("seq_len", seq_len), precision=precision)
 
@@ -154,7 +165,7 @@ def _compile_step(spec: StepSpec, budget: float) -> dict:
     from torch._dynamo.backends.debugging import boxed_nop
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    from memlab.measure.step import default_dtype, param_dtype
+    from memlab.measure.step import default_dtype, param_dtype, step_autocast
     from memlab.model.transformer import build_model, model_loss
 
     seen: dict = {}
@@ -166,7 +177,7 @@ def _compile_step(spec: StepSpec, budget: float) -> dict:
         return seen["partition"]
 
     def decompositions():
-        from torch._inductor.compile_fx import select_decomp_table
+        from torch._inductor.decomposition import select_decomp_table
 
         return select_decomp_table()
 
@@ -183,7 +194,8 @@ def _compile_step(spec: StepSpec, budget: float) -> dict:
     idx, targets = tokens[0], tokens[1]  # (B, T) each
 
     def step(idx, targets):
-        return model_loss(model, idx, targets)
+        with step_autocast(spec.precision, torch.device("cpu")):
+            return model_loss(model, idx, targets)
 
     kept: dict[int, int] = {}
 
@@ -337,8 +349,10 @@ def partition_step(model: ModelConfig | str = BUDGET_CI, *, batch_size: int = 2,
     One training step (forward, loss, backward) of ``model`` is compiled once on the CPU
     (``torch.compile`` through AOTAutograd, Inductor's decompositions, no code generation)
     and its joint graph split by PyTorch's min-cut partitioner at each of ``budgets``
-    (``torch._functorch.config.activation_memory_budget``, from 0 to 1). ``precision``:
-    ``fp32`` or ``bf16`` (parameters and compute in that dtype).
+    (``torch._functorch.config.activation_memory_budget``, from 0 to 1). ``precision`` is
+    the step's (:data:`memlab.model.config.PRECISIONS`); a mixed one autocasts inside the
+    compiled step, so the 16-bit copies of the weights are tensors the partitioner may keep.
+    The compile runs under the highest budget; the others partition its joint graph.
     """
     spec = _step_spec(model, batch_size, seq_len, precision)
     chosen = check_budgets(budgets)
