@@ -31,6 +31,7 @@ def test_budget_one_saves_at_least_what_budget_zero_saves(table):
     parts = table.partitions
     assert parts.at(1.0).saved_bytes >= parts.at(0.0).saved_bytes
     assert parts.at(0.0).saved_bytes == 0  # budget 0 keeps the graph's inputs only
+    assert set(parts.at(0.2).saved_by_op) == {"mm"}  # a low budget keeps matmul outputs only
 
 
 def test_saved_bytes_fall_and_flops_rise_as_the_budget_falls(table):
@@ -59,6 +60,7 @@ def test_partitioners_account_is_what_runs(table):
     parts = table.partitions
     for p in parts.partitions:  # meta sizes against the storages of the forward run for real
         assert p.saved_bytes == p.accounted_bytes, p
+        assert sum(p.saved_by_op.values()) == p.accounted_bytes
     compiled = parts.at(parts.compiled_budget)
     ratio = parts.compiled_saved_bytes / compiled.accounted_bytes
     print(f"compiled step's saved bytes (saved_tensors_hooks) / partitioner's: {ratio:.4f}")

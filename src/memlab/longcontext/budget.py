@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from numbers import Real
 
 from memlab.compute.checkpointing import CKPT_CI
@@ -102,6 +102,7 @@ class Partition:
     backward_flops: int  # the same for the backward graph, what it recomputes included
     recomputed_ops: int  # forward operations the backward graph runs again, views included
     recomputed_matmuls: int  # of them, those FlopCounterMode counts (matmuls, attention)
+    saved_by_op: dict[str, int] = field(default_factory=dict)  # accounted bytes by the op making them
 
     @property
     def flops(self) -> int:
@@ -312,6 +313,11 @@ def _read_partition(budget: float, fw, bw, joint: dict, vocab_size: int) -> Part
              if isinstance(n, torch.fx.Node) and n.op != "placeholder"
              and isinstance(n.meta.get("val"), torch.Tensor)]
     accounted = sum(_tensor_bytes(n.meta["val"]) for n in saved)
+    by_op: dict[str, int] = {}
+    for n in saved:
+        op = getattr(getattr(n.target, "_overloadpacket", None), "__name__", None) \
+            or getattr(n.target, "__name__", str(n.target))
+        by_op[op] = by_op.get(op, 0) + _tensor_bytes(n.meta["val"])
 
     inputs = _real_inputs(placeholders, vocab_size)
     with torch.no_grad():
@@ -338,7 +344,8 @@ def _read_partition(budget: float, fw, bw, joint: dict, vocab_size: int) -> Part
     again, matmuls = _recomputed(bw, joint["forward_names"])
     return Partition(budget=budget, saved_tensors=len(saved), accounted_bytes=accounted,
                      saved_bytes=measured, forward_flops=fw_flops, backward_flops=bw_flops,
-                     recomputed_ops=again, recomputed_matmuls=matmuls)
+                     recomputed_ops=again, recomputed_matmuls=matmuls,
+                     saved_by_op=dict(sorted(by_op.items(), key=lambda kv: (-kv[1], kv[0]))))
 
 
 def partition_step(model: ModelConfig | str = BUDGET_CI, *, batch_size: int = 2,
