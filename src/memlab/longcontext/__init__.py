@@ -11,6 +11,14 @@ Names are imported on first use (:mod:`memlab._lazy`).
 from memlab._lazy import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(__name__, {
+    "memlab.longcontext.budget": (
+        "BUDGETS",
+        "BUDGET_SIZES",
+        "budget_table",
+        "check_budget",
+        "partition_step",
+        "sac_estimator_lacks",
+    ),
     "memlab.longcontext.ring": (
         "LAYOUTS",
         "RingAttention",
