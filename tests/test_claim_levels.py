@@ -152,6 +152,27 @@ def _c43_timed(ratios):
     return f
 
 
+def _rows(ev, keep):
+    return {**ev, "rows": [r for r in ev["rows"] if keep(r)]}
+
+
+def _c46_all(ev, cut, ratio):
+    ev = copy.deepcopy(ev)
+    for c in ev["cases"]:
+        c["cut"] = cut
+    for f in ev["fits"]:
+        f["ratio"] = ratio
+    return ev
+
+
+def _c47_larger(ev, checkpointing, larger):
+    ev = copy.deepcopy(ev)
+    for r in ev["rows"]:
+        if r["checkpointing"] == checkpointing:
+            r["larger"] = larger
+    return ev
+
+
 CASES = {
     "C01": {HOLDS: lambda ev: {**ev, "per_param": 4.0}, CAVEAT: lambda ev: {**ev, "per_param": 4.2},
             WRONG: lambda ev: {**ev, "per_param": 8.0}},
@@ -282,6 +303,17 @@ CASES = {
             WRONG: lambda ev: ev},
     "C43": {HOLDS: _c43_timed((0.5, 0.6, 0.7)), CAVEAT: _c43_timed((1.5, 1.2, 0.7)),
             WRONG: _c43_timed((1.5, 1.2, 1.1)), NOT_JUDGED: lambda ev: {**ev, "timed": {}}},
+    "C45": {HOLDS: lambda ev: _rows(ev, lambda r: r["setup"] == "full"
+                                    and r["batch_size"] * r["seq_len"] <= 8192),
+            CAVEAT: lambda ev: _rows(ev, lambda r: r["setup"] == "full"),
+            WRONG: lambda ev: ev},
+    "C46": {HOLDS: lambda ev: _c46_all(ev, 0.3, 2.0),
+            CAVEAT: lambda ev: _set(_set(_c46_all(ev, 0.1, 1.2), ("cases", 0, "cut"), 0.3),
+                                    ("fits", 0, "ratio"), 2.0),
+            WRONG: lambda ev: ev},
+    "C47": {HOLDS: lambda ev: _c47_larger(ev, False, "logits"),
+            CAVEAT: lambda ev: ev,
+            WRONG: lambda ev: _c47_larger(ev, True, "blocks")},
 }
 # C28-C34 and C38 launch processes (torchrun, about 30 s); their evidence is shared
 TRAINING = {"C14", "C16", "C17", "C18", "C19", "C22", "C24", "C25", "C28", "C29", "C30", "C31",

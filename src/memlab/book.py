@@ -32,6 +32,7 @@ PARTS = (
     Part("finetune", "chapters/05_finetuning", "lab05", "Fine-tuning with less memory"),
     Part("distributed", "chapters/06_distributed", "lab06", "Many devices"),
     Part("compute", "chapters/07_compute_for_memory", "lab07", "Trading compute for memory"),
+    Part("longcontext", "chapters/08_long_context", "lab08", "Long context and large vocabularies"),
 )
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from memlab.errors import MemlabError
+from memlab.longcontext.chunked import rounding_bounds
 from memlab.model.loss import chunk_bounds, chunked_lm_loss, unchunked_lm_loss
 
 
@@ -34,30 +35,9 @@ def test_same_loss_and_gradients_as_the_unchunked_head_to_a_derived_bound(seed, 
     hidden, weight, targets, K = _case(seed, dtype)
     loss, gh, gw = _grads(chunked_lm_loss, hidden, weight, targets, K)
     ref, rh, rw = _grads(unchunked_lm_loss, hidden, weight, targets)
-    # Each computation is the exact value plus rounding: a sum of n terms is within
-    # gamma_n * sum|terms| of the exact sum (Higham, Accuracy and Stability, 3.1). A logit is a
-    # sum over the width C, a log-sum-exp over the vocabulary V, the weight's gradient a sum over
-    # the N tokens; a softmax entry inherits its logit's and its row's log-sum-exp's errors. The
-    # two computations differ by at most twice the bound of one (first order, doubled again).
-    B, T, C = hidden.shape
-    V, N = weight.shape[0], B * T
-    u = torch.finfo(hidden.dtype).eps / 2
-
-    def gamma(n):
-        return n * u / (1 - n * u)
-
-    H, W = hidden.detach().reshape(N, C), weight.detach()
-    logits = H @ W.t()
-    p = torch.softmax(logits, -1)
-    dlogits = (p - torch.nn.functional.one_hot(targets.reshape(N), V)) / N
-    e_logit = gamma(C) * (H.abs() @ W.abs().t())
-    e_lse = e_logit.amax(-1) + gamma(V)
-    e_g = p * (e_logit + e_lse[:, None]) / N
-    bound_w = 4 * (gamma(N) * dlogits.abs().t() @ H.abs() + e_g.t() @ H.abs())
-    bound_h = 4 * (gamma(V) * dlogits.abs() @ W.abs() + e_g @ W.abs()).reshape(B, T, C)
-    lse = torch.logsumexp(logits, -1)
-    bound_loss = 4 * (gamma(N) * (lse.abs() + logits.abs().amax(-1)).sum()
-                      + (e_lse + e_logit.amax(-1)).sum()) / N
+    # the bound derived in memlab.longcontext.chunked.rounding_bounds (Higham's gamma_n)
+    bounds = rounding_bounds(hidden, weight, targets)
+    bound_loss, bound_w, bound_h = bounds["loss"], bounds["weight"], bounds["hidden"]
     assert (loss - ref).abs() <= bound_loss
     assert ((gw - rw).abs() <= bound_w).all()
     assert ((gh - rh).abs() <= bound_h).all()

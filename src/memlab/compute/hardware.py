@@ -43,7 +43,7 @@ from memlab.measure.step import (
 from memlab.measure.timing import time_ms
 from memlab.model.config import ModelConfig
 from memlab.model.step import StepSpec
-from memlab.model.transformer import build_model, lm_loss
+from memlab.model.transformer import build_model, model_loss
 from memlab.units import UNITS
 
 # Bytes per parameter behind the "parameters that fit" columns, from the book's own tables:
@@ -450,7 +450,7 @@ def time_train_step(config_or_spec: StepSpec | ModelConfig | str, *, device=None
                     repeats: int = 5, warmup: int = 2, seed: int = 0, **switches) -> StepTime:
     """Milliseconds of one training step, timed with time_ms (chapter: 7).
 
-    The step is the forward, lm_loss, the backward and the optimizer step.
+    The step is the forward, the loss (whole or chunked), the backward and the optimizer step.
 
     Takes a :class:`StepSpec`, or a config (or preset name) and the spec's switches, as
     :func:`memlab.measure.step.measure_step` does: the same step chapters 0 and 1 measure,
@@ -470,7 +470,8 @@ def time_train_step(config_or_spec: StepSpec | ModelConfig | str, *, device=None
         est = estimate(replace(spec, prepare=None), device="cuda" if dev.type == "cuda" else "cpu")
         refuse_if_too_big(est.peak_bytes, dev, f"a {cfg.name} training step (estimated)")
     with default_dtype(param_dtype(spec.precision)):
-        model = build_model(cfg, device=dev, seed=seed, checkpointing=spec.checkpointing)
+        model = build_model(cfg, device=dev, seed=seed, checkpointing=spec.checkpointing,
+                            offload_activations=spec.offload_activations)
         if spec.prepare is not None:
             spec.prepare(model)
     optimizer = step_optimizer(spec, [p for p in model.parameters() if p.requires_grad])
@@ -482,7 +483,7 @@ def time_train_step(config_or_spec: StepSpec | ModelConfig | str, *, device=None
     def step() -> None:
         for _ in range(spec.grad_accum_steps):
             with step_autocast(spec.precision, dev):
-                loss = lm_loss(model(idx), targets)
+                loss = model_loss(model, idx, targets, spec.loss_chunks)
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -174,3 +174,81 @@ def offload_study(model: ModelConfig | str = "llama3.1-8b", *, setups: tuple[Set
                  for s in setups for t in seq_lens)
     return OffloadStudy(cfg.name, precision, link, gpu, cases, fits)
 
+
+
+# Measured on this device -------------------------------------------------------------------------
+OFFLOAD_SIZES = {
+    "ci": dict(config=dict(name="offload-ci", n_layer=4, n_head=4, d_model=128, vocab_size=2000,
+                           max_seq_len=256),
+               batch_size=4, seq_len=256, precision="bf16-mixed", repeats=3),
+    "full": dict(config="llama-1b", batch_size=4, seq_len=4096, precision="bf16-mixed",
+                 repeats=5),
+}
+
+
+@dataclass(frozen=True)
+class OffloadRun:
+    """One step measured with and without activation offloading (chapter: 8)."""
+
+    checkpointing: bool
+    saved_bytes: int
+    offloaded_saved_bytes: int
+    peak_bytes: int
+    offloaded_peak_bytes: int
+    host_bytes: int
+    to_host_bytes: int
+    to_device_bytes: int
+    step_ms: float
+    offloaded_step_ms: float
+    estimated_host_bytes: int
+
+
+@dataclass(frozen=True)
+class OffloadMeasured:
+    """Activation offloading measured on this device, with and without checkpointing (chapter: 8)."""
+
+    scale: str
+    device: str
+    device_name: str
+    setup: dict
+    runs: tuple[OffloadRun, ...]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def measure_offload_steps(scale: str = "ci", device=None) -> OffloadMeasured:
+    """Steps measured and timed on this device with and without offloading (chapter: 8).
+
+    On a CPU the host is the device, so the copies are real copies in the same memory: the bytes
+    measured are what a GPU would keep; the time is only a GPU's on a GPU.
+    """
+    from memlab.compute.hardware import time_train_step
+    from memlab.device import device_name, pick_device
+    from memlab.measure.step import measure_step
+    from memlab.memory.activations import offloaded_activation_bytes
+
+    size = OFFLOAD_SIZES[scale]
+    dev = pick_device(device)
+    cfg = size["config"]
+    cfg = ModelConfig(**cfg) if isinstance(cfg, dict) else get_config(cfg)
+    step = dict(batch_size=size["batch_size"], seq_len=size["seq_len"],
+                precision=size["precision"])
+    runs = []
+    for ckpt in (False, True):
+        kept = measure_step(cfg, device=dev, checkpointing=ckpt, **step)
+        moved = measure_step(cfg, device=dev, checkpointing=ckpt, offload_activations=True,
+                             **step)
+        t_kept = time_train_step(cfg, device=dev, checkpointing=ckpt, repeats=size["repeats"],
+                                 **step)
+        t_moved = time_train_step(cfg, device=dev, checkpointing=ckpt, offload_activations=True,
+                                  repeats=size["repeats"], **step)
+        est = offloaded_activation_bytes(cfg, checkpointing=ckpt, device="cuda"
+                                         if dev.type == "cuda" else "cpu", **step)
+        o = moved.offloaded
+        runs.append(OffloadRun(ckpt, kept.saved_activations_bytes,
+                               moved.saved_activations_bytes, kept.peak_bytes, moved.peak_bytes,
+                               o["host_bytes"], o["to_host_bytes"], o["to_device_bytes"],
+                               t_kept.step_ms, t_moved.step_ms, est))
+    return OffloadMeasured(scale, dev.type, device_name(dev), dict(model=cfg.name, **step),
+                           tuple(runs))
