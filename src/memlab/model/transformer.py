@@ -15,7 +15,6 @@ nh query heads, nkv key/value heads, hs head size.
 from __future__ import annotations
 
 import contextlib
-
 import math
 
 import torch
@@ -25,10 +24,10 @@ from torch.utils.checkpoint import checkpoint
 
 from memlab.errors import MemlabError
 from memlab.model.checkpoint import Checkpointing, parse_checkpointing
-from memlab.model.offload import ActivationOffload
 from memlab.model.config import ModelConfig, get_config
 from memlab.model.flash import flash_attention
 from memlab.model.loss import chunked_lm_loss, lm_loss  # noqa: F401 - lm_loss's old home
+from memlab.model.offload import ActivationOffload
 
 
 # Modules ---------------------------------------------------------------------------------
