@@ -69,6 +69,7 @@ def test_the_plans_choices_are_held_to_traces(small_plan):
             lora = LoraConfig(r=LORA_RANK, target_modules="all-linear")
             peak = trace_step("gpt2", batch_size=r.micro_batch, seq_len=512,
                               precision=r.precision, checkpointing=r.checkpointing,
+                              offload_activations=r.offload == "activations",
                               prepare=Setup("lora", lora=lora)).peak_bytes
         else:
             continue

@@ -50,11 +50,15 @@ from memlab.finetune.counts import block_linear_shapes, trainable_parameters
 from memlab.finetune.estimate import estimate_finetune, quantized_weight_bytes
 from memlab.finetune.lora import LoraConfig
 from memlab.gpus import GPU, get_gpu
+from memlab.memory.activations import PARAM_BYTES
 from memlab.model.config import ModelConfig, get_config
 from memlab.model.step import StepSpec
 from memlab.units import to_unit
 
-TRAINS = ("full", "lora", "qlora")  # what a set-up trains: every weight, adapters, adapters on a 4-bit base
+TRAINS = ("full", "lora", "qlora")
+# What adapters' set-ups may keep on the host: nothing, or the checkpointed units' inputs
+# (activation offloading, chapter 8; memlab.model.offload).
+ADAPTER_OFFLOADS = ("none", "activations")  # what a set-up trains: every weight, adapters, adapters on a 4-bit base
 OFFLOADS_AT = {0: ("none",), 1: ("none", "optimizer"), 2: ("none", "optimizer"),
                3: ("none", "optimizer", "params")}
 GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -120,7 +124,7 @@ class PlanRow:
                 "qlora": f"QLoRA r={LORA_RANK} ({QLORA_BASE} base)"}[self.trains]
         parts = [what, f"ZeRO-{self.zero_stage} on {self.gpus} GPU{'s' if self.gpus > 1 else ''}"]
         if self.offload != "none":
-            parts.append(f"offload {self.offload}")
+            parts.append(f"offload {self.offload}")  # 'activations': the units' inputs
         if self.checkpointing:
             parts.append("checkpointing")
         parts.append(micro_batch_words(self.micro_batch, self.grad_accum))
@@ -244,7 +248,8 @@ def _powers_of_two_dividing(n: int) -> list[int]:
 
 
 def _peak(cfg, trains, precision, stage, gpus, offload, ckpt, m, T, device) -> int:
-    spec = StepSpec(cfg, batch_size=m, seq_len=T, precision=precision, checkpointing=ckpt)
+    spec = StepSpec(cfg, batch_size=m, seq_len=T, precision=precision, checkpointing=ckpt,
+                    offload_activations=offload == "activations")
     if trains == "full":
         return estimate_sharded(spec, zero_stage=stage, gpus=gpus, offload=offload,
                                 device=device).per_gpu_peak_bytes
@@ -351,9 +356,13 @@ def step_cost(model: ModelConfig | str, gpu: GPU | str, *, trains: str, zero_sta
     check_positive_int("seq_len", seq_len)
     if isinstance(mfu, bool) or not isinstance(mfu, Real) or not 0 < mfu <= 1:
         raise MemlabError(f"mfu must be a number in (0, 1], got {mfu!r}")
-    if trains != "full" and (stage, offload) != (0, "none"):
-        raise MemlabError(f"trains {trains!r} runs data parallel without offload; got ZeRO-"
-                          f"{stage}, offload {offload!r}; accepted: zero_stage 0, offload 'none'")
+    if trains != "full" and (stage != 0 or offload not in ADAPTER_OFFLOADS):
+        raise MemlabError(f"trains {trains!r} runs data parallel, offloading at most its "
+                          f"checkpointed activations; got ZeRO-{stage}, offload {offload!r}; "
+                          f"accepted: zero_stage 0, offload {' or '.join(map(repr, ADAPTER_OFFLOADS))}")
+    if offload == "activations" and not checkpointing:
+        raise MemlabError("offload 'activations' moves the checkpointed units' inputs: it needs "
+                          "checkpointing=True")
     link = host_link(host_link_name)
     rate = as_cpu_step_rate(cpu_step)
     precision = "bf16-mixed" if g.bf16_tensor_cores else "fp16-mixed"
@@ -369,9 +378,13 @@ def step_cost(model: ModelConfig | str, gpu: GPU | str, *, trains: str, zero_sta
                                                             target_modules="all-linear"))
     comm_s = comm_seconds_per_step(synced, stage, gpus, grad_accum,
                                    intra=NVLINK.get(g.name, PCIE))
-    offload_s = _host_seconds(n, offload, stage, gpus, LAYOUT_OF[precision], checkpointing,
-                              grad_accum, link.bytes_per_s)
-    cpu_s = 0.0 if offload == "none" else rate.seconds(-(-n // gpus))
+    if offload == "activations":  # the units' inputs there and back, every micro-batch
+        inputs = cfg.n_layer * micro_batch * seq_len * cfg.d_model * PARAM_BYTES[precision]
+        offload_s = 2 * inputs * grad_accum / link.bytes_per_s
+    else:
+        offload_s = _host_seconds(n, offload, stage, gpus, LAYOUT_OF[precision], checkpointing,
+                                  grad_accum, link.bytes_per_s)
+    cpu_s = 0.0 if offload in ("none", "activations") else rate.seconds(-(-n // gpus))
     dequant_s = (dequantization_seconds(cfg, g, grad_accum, checkpointing=checkpointing)
                  if trains == "qlora" else 0.0)
     return StepCost(compute_s, comm_s, offload_s, cpu_s, dequant_s)
@@ -420,10 +433,12 @@ def plan_training(model: ModelConfig | str, gpu: GPU | str, *, global_batch: int
     for t in trains:
         stages = (0, 1, 2, 3) if t == "full" else (0,)
         for stage in stages:
-            for offload in OFFLOADS_AT[stage] if t == "full" else ("none",):
+            for offload in OFFLOADS_AT[stage] if t == "full" else ADAPTER_OFFLOADS:
                 for ckpt in (False, True):
+                    if offload == "activations" and not ckpt:
+                        continue  # it moves the checkpointed units' inputs
                     for gpus in counts:  # the fewest GPUs this set-up fits on
-                        if gpus == 1 and stage != DEFAULT_STAGES[offload]:
+                        if gpus == 1 and stage != DEFAULT_STAGES.get(offload, 0):
                             continue  # over one GPU the stages differ only by what they offload
                         tried += 1
                         per_gpu = global_batch // gpus

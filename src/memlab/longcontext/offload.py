@@ -250,5 +250,8 @@ def measure_offload_steps(scale: str = "ci", device=None) -> OffloadMeasured:
                                moved.saved_activations_bytes, kept.peak_bytes, moved.peak_bytes,
                                o["host_bytes"], o["to_host_bytes"], o["to_device_bytes"],
                                t_kept.step_ms, t_moved.step_ms, est))
-    return OffloadMeasured(scale, dev.type, device_name(dev), dict(model=cfg.name, **step),
-                           tuple(runs))
+    from memlab.memory.activations import PARAM_BYTES
+
+    setup = dict(model=cfg.name, n_layer=cfg.n_layer, d_model=cfg.d_model,
+                 residual_bytes=PARAM_BYTES[step["precision"]], **step)
+    return OffloadMeasured(scale, dev.type, device_name(dev), setup, tuple(runs))

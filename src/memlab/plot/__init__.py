@@ -36,6 +36,13 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "lora_diagram",
         "memory_by_setup",
     ),
+    "memlab.plot.longcontext": (
+        "PIECE_STYLE",
+        "budget_frontier",
+        "chunk_sweep",
+        "long_context_pieces",
+        "offload_cut",
+    ),
     "memlab.plot.measure": (
         "compare_phases",
         "step_breakdown",
