@@ -1,4 +1,4 @@
-"""Context parallelism's bytes: one rank's share of a long-context step, traced and tabled (chapter: 8).
+"""Context parallelism: one rank's share of a long-context step, traced and tabled (chapter: 8).
 
 N ranks each hold T/N tokens of every sequence and the whole model (weights, gradients and
 optimizer states replicated: context parallelism shards none of them). Attention is the one

@@ -118,7 +118,7 @@ def ring_buffer_bytes(cfg: ModelConfig, B: int, n: int, ranks: int, precision: s
 
 def ring_transient_bytes(cfg: ModelConfig, B: int, n: int, ranks: int, precision: str
                          ) -> dict[str, int]:
-    """Bytes one ring-attention call holds above its inputs, at its forward's and backward's peaks (chapter: 8).
+    """Bytes a ring-attention call holds above its inputs, forward and backward, at peak (chapter: 8).
 
     Read off :class:`memlab.longcontext.ring.RingAttention`, which computes each block's scores
     whole (no tiling inside a block), in fp32: at the forward's highest point, the scores, their
