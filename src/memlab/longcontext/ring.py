@@ -274,6 +274,8 @@ def kv_bytes_sent_per_step(batch: int, kv_heads: int, seq_len: int, head_dim: in
     grad_bytes = max(bytes_per_value, 4)
     fwd = (world - 1) * 2 * block * bytes_per_value
     bwd = (world - 1) * 2 * block * (bytes_per_value + grad_bytes) + 2 * block * grad_bytes
+    if world == 1:  # one rank: the block never leaves, nothing is sent
+        bwd = 0
     return {"forward": fwd, "backward": bwd}
 
 

@@ -108,6 +108,9 @@ class MemoryEstimate:
                          + (f", base in {s['quantize_base']}" if s.get("quantize_base") else ""))
             elif s.get("train_last"):
                 head += f"; training the last {s['train_last']} blocks only"
+            if s.get("context_parallel"):
+                head += (f"; one of {s['context_parallel']} context-parallel ranks "
+                         f"({s['tokens_per_rank']} tokens each, ring attention)")
         rows = [("weights", self.parameters_bytes), ("gradients", self.gradients_bytes),
                 ("optimizer states", self.optimizer_states_bytes),
                 ("activations", self.saved_activations_bytes),
