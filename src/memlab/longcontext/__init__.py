@@ -11,6 +11,17 @@ Names are imported on first use (:mod:`memlab._lazy`).
 from memlab._lazy import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(__name__, {
+    "memlab.longcontext.context_parallel": (
+        "ContextParallelRow",
+        "RingCore",
+        "context_parallel_table",
+        "fake_ring",
+        "measure_ring",
+        "ring_rank_bytes",
+        "sequence_parallel_bytes",
+        "trace_context_parallel",
+        "use_ring_attention",
+    ),
     "memlab.longcontext.ring": (
         "LAYOUTS",
         "RingAttention",

@@ -241,7 +241,7 @@ KORTHIKANTI_SCORES_AS2B = 5
 def sequence_parallel_bytes(model, *, seq_len: int, batch_size: int = 1,
                             tensor_parallel: int = 8, precision: str = "bf16-mixed",
                             device: str = "cuda") -> dict[str, int]:
-    """A layer's activation bytes per rank: tensor parallelism, alone and with sequence's (chapter: 8).
+    """A layer's activations per rank: tensor parallelism t, then sequence parallelism too (chapter: 8).
 
     Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
     (arXiv 2205.05198), Table 2: sbh(34 + 5as/h) with no parallelism; sbh(10 + 24/t + 5as/(ht))
