@@ -40,6 +40,17 @@ def test_the_estimate_is_held_to_one_ranks_traced_step(seq_len, ranks, precision
     assert est.setup["tokens_per_rank"] == seq_len // ranks
 
 
+@pytest.mark.slow
+def test_llama31_8b_at_128k_over_8_ranks_is_held_to_its_trace():
+    switches = dict(precision="bf16-mixed", checkpointing=True)
+    traced = trace_context_parallel("llama3.1-8b", seq_len=131072, ranks=8, **switches)
+    est = estimate("llama3.1-8b", batch_size=1, seq_len=131072, device="cpu", context_parallel=8,
+                   **switches)
+    assert est.saved_activations_bytes == pytest.approx(traced.saved_activations_bytes, rel=0.03)
+    for phase, bytes_ in traced.phase_peak_bytes.items():
+        assert est.phase_peak_bytes[phase] == pytest.approx(bytes_, rel=0.03), phase
+
+
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_one_ranks_ring_bytes_measured_equal_the_formulas(ranks, dtype):
