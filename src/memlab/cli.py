@@ -314,6 +314,10 @@ def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
     p.add_argument("--offload-activations", action="store_true",
                    help="keep what the blocks save for the backward pass in the host's memory "
                         "(with --checkpointing: each checkpointed unit's input)")
+    p.add_argument("--context-parallel", type=int, default=1, metavar="N",
+                   help="one rank's bytes when N ranks each hold seq-len/N tokens and attention "
+                        "runs as a ring (zig-zag: 2N must divide --seq-len); model states are "
+                        "replicated (default 1)")
     p.add_argument("--lora-rank", type=int, default=None,
                    help="fine-tune with LoRA adapters of this rank (the base frozen)")
     p.add_argument("--lora-alpha", type=float, default=None,
@@ -423,6 +427,9 @@ def _cmd_step(args, mode: str) -> int:
 
     sharded = getattr(args, "zero_stage", None) is not None or getattr(args, "gpus", None) is not None
     layout = getattr(args, "layout", None)
+    if args.context_parallel != 1:
+        _check_context_parallel_flags(args, sharded or layout is not None
+                                      or getattr(args, "offload", None) is not None)
     if layout is not None:
         from memlab.distributed.estimate import LAYOUT_OF, layout_of
 
@@ -448,7 +455,17 @@ def _cmd_step(args, mode: str) -> int:
                     checkpointing=args.checkpointing, grad_accum_steps=args.grad_accum,
                     attention=args.attention, prepare=prepare, loss_chunks=args.loss_chunks,
                     offload_activations=args.offload_activations)
-    if mode == "trace":
+    if args.context_parallel != 1:
+        from memlab.longcontext.context_parallel import trace_context_parallel
+
+        result = (trace_context_parallel(cfg, seq_len=spec.seq_len, ranks=args.context_parallel,
+                                         **{k: v for k, v in spec.as_dict().items() if k in (
+                                             "precision", "optimizer", "optimizer_impl",
+                                             "checkpointing", "grad_accum_steps", "attention",
+                                             "loss_chunks")}, batch_size=spec.batch_size)
+                  if mode == "trace" else
+                  estimate(spec, device=args.device, context_parallel=args.context_parallel))
+    elif mode == "trace":
         result = trace_step(spec, count_flops=True)
     elif prepare is None:  # a plain step: the plain estimator
         result = estimate(spec, device=args.device)
@@ -469,6 +486,27 @@ def _cmd_step(args, mode: str) -> int:
             print(f"on the host after the forward pass: {fmt_bytes(host)} "
                   f"({host:,} bytes), copied there and back every step")
     return 0
+
+
+def _check_context_parallel_flags(args, sharded: bool) -> None:
+    """--context-parallel N: what it is not combined with, and the split it needs, in one line each."""
+    from memlab.memory.context import check_context_parallel
+
+    if getattr(args, "inference", False):
+        raise MemlabError("--context-parallel estimates a training step: drop --inference")
+    if sharded:
+        raise MemlabError("--context-parallel replicates the model states on every rank: drop "
+                          "--zero-stage, --gpus, --offload and --layout")
+    if any(getattr(args, f) is not None for f in ("lora_rank", "freeze", "quantize_base")):
+        raise MemlabError("--context-parallel estimates full training: drop --lora-rank, "
+                          "--freeze and --quantize-base")
+    if args.offload_activations:
+        raise MemlabError("--context-parallel with --offload-activations is not modelled: drop "
+                          "one of them")
+    if args.checkpointing not in (False, True, "full"):
+        raise MemlabError(f"--context-parallel works with no checkpointing or full "
+                          f"(--checkpointing), got {args.checkpointing!r}")
+    check_context_parallel(args.context_parallel, args.seq_len)
 
 
 def _cmd_sharded(args) -> int:

@@ -310,3 +310,30 @@ def test_old_widget_text_names_usable_memory():
     fig, text = estimate_summary("gpt2", seq_len=256)
     plt.close(fig)
     assert "usable memory" in text and f"minus {RESERVED_BYTES / 2**30:.2f} GiB" in text
+
+
+def test_script_under_node_matches_python_under_context_parallelism():
+    """One rank's bytes with the ring (memlab.memory.context), in the page as in Python."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed; the browser test checks the script in Chromium")
+    cases = [c for c in est.test_settings(600, seed=11) if c[2]["context_parallel"] > 1]
+    cases += [("llama2-7b", None, dict(batch_size=1, seq_len=4096, precision="bf16-mixed",
+                                       optimizer="adamw", optimizer_impl="foreach",
+                                       attention="sdpa", checkpointing=ckpt, grad_accum_steps=1,
+                                       device="cuda", context_parallel=n))
+              for n in (2, 8, 64, 3) for ckpt in (False, True)]
+    run = subprocess.run([node, "-e", NODE_RUNNER, str(SCRIPT)],
+                         input=json.dumps({"K": est.estimator_data(), "cases": cases}),
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout)
+    answered = 0
+    for (key, raw, setting), page in zip(cases, got, strict=True):
+        cfg = PRESETS[key] if raw is None else config_from_hf_dict(raw, est.PASTED_SOURCE)
+        assert page == est.estimate_readout(cfg, **setting), (key or raw, setting)
+        answered += page["error"] is None
+    assert answered > 100
+    assert got[-1]["error"] == ("memlab: error: context parallelism over 3 ranks (zig-zag) cuts "
+                                "the sequence into 6 equal chunks: seq_len must be a multiple of "
+                                "6, got 4096")

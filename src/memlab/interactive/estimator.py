@@ -128,7 +128,7 @@ def estimate_readout(model: str | ModelConfig = "llama2-7b", *, batch_size=1, se
                      precision: str = "bf16-mixed", optimizer: str = "adamw",
                      optimizer_impl: str = "foreach", attention: str | None = None,
                      checkpointing: bool = False, grad_accum_steps=1, device: str = "cuda",
-                     gpus=CATALOGUE) -> dict:
+                     gpus=CATALOGUE, context_parallel: int = 1) -> dict:
     """What the estimator page shows for one setting, texts and bytes (chapter: 1).
 
     The bytes are those of :func:`memlab.memory.estimate`.
@@ -144,7 +144,8 @@ def estimate_readout(model: str | ModelConfig = "llama2-7b", *, batch_size=1, se
         est = estimate(StepSpec(cfg, batch_size=batch_size, seq_len=seq, precision=precision,
                                 optimizer=optimizer, optimizer_impl=optimizer_impl,
                                 checkpointing=checkpointing, grad_accum_steps=grad_accum_steps,
-                                attention=attention), device=device)
+                                attention=attention), device=device,
+                       context_parallel=context_parallel)
     except MemlabError as err:
         return {"error": f"memlab: error: {err}"}
     big, small = READOUT_UNITS
@@ -153,6 +154,8 @@ def estimate_readout(model: str | ModelConfig = "llama2-7b", *, batch_size=1, se
              f"{precision}, {optimizer} ({optimizer_impl}), {attention} attention"
              + (", checkpointing" if checkpointing else "")
              + (f", {grad_accum_steps} accumulation steps" if grad_accum_steps > 1 else "")
+             + (f", one of {context_parallel} context-parallel ranks" if context_parallel > 1
+                else "")
              + f", {device} conventions")
     phases = {p: {"total": _amount(est.phase_peak_bytes[p], unit),
                   "bytes": est.phase_peak_bytes[p],
@@ -397,6 +400,8 @@ def _estimator_html(setting: dict, model: str | ModelConfig, gpus) -> str:
         + select("attention", "attention", ATTENTION_IMPLS, s["attention"] or cfg.attention)
         + number("grad_accum_steps", "accumulation steps", s["grad_accum_steps"])
         + select("device", "conventions", DEVICES, s["device"])
+        + number("context_parallel", "context-parallel ranks", s.get("context_parallel", 1),
+                 (1, 2, 4, 8, 16, 32, 64))
         + f'<label class="est-check"><input type="checkbox" data-role="checkpointing"'
         f'{" checked" if s["checkpointing"] else ""}> activation checkpointing</label>')
     accepted = ", ".join(HF_STYLES)
@@ -467,7 +472,8 @@ def memory_estimator(model: str | ModelConfig = "llama2-7b", *, batch_size: int 
                      seq_len: int = 2048, precision: str = "bf16-mixed", optimizer: str = "adamw",
                      optimizer_impl: str = "foreach", attention: str | None = None,
                      checkpointing: bool = False, grad_accum_steps: int = 1,
-                     device: str = "cuda", gpus=CATALOGUE) -> EstimatorView:
+                     device: str = "cuda", gpus=CATALOGUE,
+                     context_parallel: int = 1) -> EstimatorView:
     """The memory estimator as a page piece that recomputes in the browser, no kernel needed (chapter: 1).
 
     ``model``: a preset name or a ModelConfig (e.g. from ``get_config("config.json")``); the
@@ -480,7 +486,8 @@ def memory_estimator(model: str | ModelConfig = "llama2-7b", *, batch_size: int 
                    optimizer=optimizer, optimizer_impl=optimizer_impl,
                    attention=attention if attention is not None
                    else (model if isinstance(model, ModelConfig) else PRESETS[key]).attention,
-                   checkpointing=checkpointing, grad_accum_steps=grad_accum_steps, device=device)
+                   checkpointing=checkpointing, grad_accum_steps=grad_accum_steps, device=device,
+                   context_parallel=context_parallel)
     gpus = tuple(get_gpu(g) for g in gpus)
     r = estimate_readout(model, gpus=gpus, **setting)
     if r["error"]:
@@ -540,6 +547,9 @@ def test_settings(n: int = 420, seed: int = 0, hf_configs=()) -> list[tuple]:
                        optimizer_impl=rng.choice(OPTIMIZER_IMPLS),
                        attention=rng.choice(ATTENTION_IMPLS), checkpointing=rng.random() < 0.5,
                        grad_accum_steps=rng.choice([1, 1, 1, 2, 4]), device=rng.choice(DEVICES))
+        # context parallelism over ranks whose zig-zag split the sequence allows
+        setting["context_parallel"] = rng.choice([n for n in (1, 1, 2, 4, 8)
+                                                  if n == 1 or setting["seq_len"] % (2 * n) == 0])
         if i % 3 == 2:
             raw = (rng.choice(hf_configs) if hf_configs and rng.random() < 0.5
                    else _random_hf_config(rng))

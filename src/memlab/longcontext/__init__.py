@@ -19,6 +19,17 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "partition_step",
         "sac_estimator_lacks",
     ),
+    "memlab.longcontext.context_parallel": (
+        "ContextParallelRow",
+        "RingCore",
+        "context_parallel_table",
+        "fake_ring",
+        "measure_ring",
+        "ring_rank_bytes",
+        "sequence_parallel_bytes",
+        "trace_context_parallel",
+        "use_ring_attention",
+    ),
     "memlab.longcontext.ring": (
         "LAYOUTS",
         "RingAttention",

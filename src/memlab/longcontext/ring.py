@@ -88,6 +88,17 @@ def _mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool) -> torch.Tenso
     return (k_pos[None, :] <= q_pos[:, None]) if causal else None
 
 
+def _any_pair(rank: int, owner: int, world: int, seq_len: int, layout: str, causal: bool) -> bool:
+    """Whether any query of ``rank`` may attend a key of ``owner``: its first key is at or before
+    the rank's last query. Integer arithmetic, so a traced (fake) step need not read a mask."""
+    if not causal:
+        return True
+    parts = world if layout == "contiguous" else 2 * world
+    size = seq_len // parts
+    last = (rank + 1) * size - 1 if layout == "contiguous" else (2 * world - rank) * size - 1
+    return owner * size <= last
+
+
 def _scores(q, k, mask, scale):
     s = (q @ k.transpose(-1, -2)) * scale  # (B, H, Tq, Tk)
     return s if mask is None else s.masked_fill(~mask, float("-inf"))
@@ -116,6 +127,36 @@ def _ring_pass(tensors: list[torch.Tensor], group) -> tuple[list[torch.Tensor], 
     return out, sent
 
 
+def _attend(q, kb, vb, mask, scale, groups, acc):
+    """One key/value block's output and log-sum-exp for this rank's queries.
+
+    Its (B, H, Tl, Tl) scores and probabilities are freed when it returns.
+    """
+    s = _scores(q.to(acc), _expand(kb, groups).to(acc), mask, scale)
+    block_lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - _finite(block_lse)[..., None])
+    del s
+    return p @ _expand(vb, groups).to(acc), block_lse
+
+
+def _merge(o, lse, block_o, block_lse):
+    """The running output and log-sum-exp with one more block's merged in, exactly."""
+    new = torch.logaddexp(lse, block_lse)
+    return (o * torch.exp(lse - _finite(new))[..., None]
+            + block_o * torch.exp(block_lse - _finite(new))[..., None]), new
+
+
+def _block_grads(qa, dO, delta, lse, kb, vb, mask, scale, groups, dq):
+    """One block's key and value gradients (per KV head); its share of dq is added into ``dq``."""
+    kb, vb = _expand(kb, groups).to(qa.dtype), _expand(vb, groups).to(qa.dtype)
+    p = torch.exp(_scores(qa, kb, mask, scale) - _finite(lse)[..., None])
+    dv = _fold(p.transpose(-1, -2) @ dO, groups)
+    ds = p * (dO @ vb.transpose(-1, -2) - delta[..., None])
+    del p
+    dq += (ds @ kb) * scale
+    return _fold((ds.transpose(-1, -2) @ qa) * scale, groups), dv
+
+
 class RingAttention(torch.autograd.Function):
     """Attention of this rank's queries over the whole sequence's keys and values, passed around a ring.
 
@@ -126,6 +167,12 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, positions, layout, causal, group, stats):
+        # The ring picks its own precision (fp32 accumulators at least): autocast stays out.
+        with torch.autocast(q.device.type, enabled=False):
+            return RingAttention._forward(ctx, q, k, v, positions, layout, causal, group, stats)
+
+    @staticmethod
+    def _forward(ctx, q, k, v, positions, layout, causal, group, stats):
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         T = positions.numel() * world
         groups = q.shape[1] // k.shape[1]
@@ -136,16 +183,10 @@ class RingAttention(torch.autograd.Function):
         kv, sent = [k, v], 0
         for step in range(world):
             owner = (rank - step) % world
-            mask = _mask(positions, token_positions(owner, world, T, layout).to(q.device), causal)
-            if mask is None or mask.any():
-                s = _scores(q.to(acc), _expand(kv[0], groups).to(acc), mask, scale)
-                block_lse = torch.logsumexp(s, dim=-1)
-                p = torch.exp(s - _finite(block_lse)[..., None])
-                block_o = p @ _expand(kv[1], groups).to(acc)
-                new = torch.logaddexp(lse, block_lse)
-                o = (o * torch.exp(lse - _finite(new))[..., None]
-                     + block_o * torch.exp(block_lse - _finite(new))[..., None])
-                lse = new
+            if _any_pair(rank, owner, world, T, layout, causal):
+                mask = _mask(positions, token_positions(owner, world, T, layout).to(q.device),
+                             causal)
+                o, lse = _merge(o, lse, *_attend(q, kv[0], kv[1], mask, scale, groups, acc))
             if step < world - 1:
                 kv, n = _ring_pass(kv, group)
                 sent += n
@@ -158,6 +199,11 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        with torch.autocast(grad_out.device.type, enabled=False):
+            return RingAttention._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
         q, k, v, positions, out, lse = ctx.saved_tensors
         group = ctx.group
         rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -173,23 +219,21 @@ class RingAttention(torch.autograd.Function):
         sent = 0
         for step in range(world):
             owner = (rank - step) % world
-            mask = _mask(positions, token_positions(owner, world, T, ctx.layout).to(q.device),
-                         ctx.causal)
-            if mask is None or mask.any():
-                kb, vb = _expand(block[0], groups).to(acc), _expand(block[1], groups).to(acc)
-                p = torch.exp(_scores(qa, kb, mask, scale) - _finite(lse)[..., None])
-                dv = p.transpose(-1, -2) @ dO
-                ds = p * (dO @ vb.transpose(-1, -2) - delta[..., None])
-                dq += (ds @ kb) * scale
-                dk = (ds.transpose(-1, -2) @ qa) * scale
-                block[2] = block[2] + _fold(dk, groups)
-                block[3] = block[3] + _fold(dv, groups)
+            if _any_pair(rank, owner, world, T, ctx.layout, ctx.causal):
+                mask = _mask(positions, token_positions(owner, world, T, ctx.layout).to(q.device),
+                             ctx.causal)
+                dk, dv = _block_grads(qa, dO, delta, lse, block[0], block[1], mask, scale, groups,
+                                      dq)
+                block[2] = block[2] + dk
+                block[3] = block[3] + dv
+                del dk, dv
             # the block moves on with its gradients; after the last step only the gradients travel,
             # and arrive at the block's own rank
             if world == 1:
                 break
             moving = block if step < world - 1 else block[2:]
             moved, n = _ring_pass(moving, group)
+            del moving  # sent: this rank's copies are freed as the block moves on
             sent += n
             block = moved if step < world - 1 else block[:2] + moved
         if ctx.stats is not None:
@@ -230,6 +274,8 @@ def kv_bytes_sent_per_step(batch: int, kv_heads: int, seq_len: int, head_dim: in
     grad_bytes = max(bytes_per_value, 4)
     fwd = (world - 1) * 2 * block * bytes_per_value
     bwd = (world - 1) * 2 * block * (bytes_per_value + grad_bytes) + 2 * block * grad_bytes
+    if world == 1:  # one rank: the block never leaves, nothing is sent
+        bwd = 0
     return {"forward": fwd, "backward": bwd}
 
 

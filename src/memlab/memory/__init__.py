@@ -45,6 +45,15 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "eleutherai_parameter_count",
         "rule_of_thumb_loading",
     ),
+    "memlab.memory.context": (
+        "check_context_parallel",
+        "ring_block",
+        "ring_buffer_bytes",
+        "ring_core_tensors",
+        "ring_peaks",
+        "ring_saved_tensors",
+        "ring_transient_bytes",
+    ),
     "memlab.memory.estimator": (
         "BNB_BLOCK",
         "BNB_MIN_NUMEL",

@@ -33,6 +33,12 @@ from memlab.memory.activations import (
     offloaded_activation_bytes,
     saved_tensors,
 )
+from memlab.memory.context import (
+    check_context_parallel,
+    ring_block,
+    ring_peaks,
+    ring_saved_tensors,
+)
 from memlab.model.config import ModelConfig, get_config, kv_cache_bytes, param_groups
 from memlab.model.step import PHASES, StepSpec, checkpointing_words, step_bytes
 from memlab.units import to_unit
@@ -103,6 +109,9 @@ class MemoryEstimate:
                          + (f", base in {s['quantize_base']}" if s.get("quantize_base") else ""))
             elif s.get("train_last"):
                 head += f"; training the last {s['train_last']} blocks only"
+            if s.get("context_parallel"):
+                head += (f"; one of {s['context_parallel']} context-parallel ranks "
+                         f"({s['tokens_per_rank']} tokens each, ring attention)")
         rows = [("weights", self.parameters_bytes), ("gradients", self.gradients_bytes),
                 ("optimizer states", self.optimizer_states_bytes),
                 ("activations", self.saved_activations_bytes),
@@ -207,12 +216,16 @@ def estimate(
     device: str = "cuda",
     loss_chunks: int = 1,
     offload_activations: bool = False,
+    context_parallel: int = 1,
 ) -> MemoryEstimate:
-    """Estimate the bytes of a training step, by category and phase (chapter: 1).
+    """Estimate the bytes of a training step, by category and phase (chapters: 1, 8).
 
     ``model`` may be a :class:`memlab.model.step.StepSpec`, whose switches are then used. ``device``
     only matters where CUDA and CPU differ: where Adam keeps its step counters, and the dtype of
-    an eager softmax under autocast.
+    an eager softmax under autocast. ``context_parallel`` N > 1: one rank's bytes when N ranks
+    each hold T/N tokens of every sequence, attention running as the book's ring
+    (:mod:`memlab.memory.context`); parameters, gradients and optimizer states are replicated on
+    every rank, not sharded.
     """
     check_choice("device", device, DEVICES)
     if isinstance(model, StepSpec):
@@ -233,7 +246,11 @@ def estimate(
     cfg, batch_size, seq_len = spec.config, spec.batch_size, spec.seq_len
     precision, optimizer, optimizer_impl = spec.precision, spec.optimizer, spec.optimizer_impl
     checkpointing, grad_accum_steps = spec.checkpointing, spec.grad_accum_steps
-    B, T = batch_size, seq_len
+    cp = check_context_parallel(context_parallel, seq_len)
+    if cp > 1 and spec.offload_activations:
+        raise MemlabError("context parallelism with activation offloading is not modelled: "
+                          "estimate one of them (context_parallel or offload_activations)")
+    B, T = batch_size, seq_len // cp  # the tokens of each sequence one rank holds
     BT = B * T
     n = cfg.num_parameters()
     P = PARAM_BYTES[precision] * n
@@ -249,8 +266,20 @@ def estimate(
         A -= host
     tokens = 2 * BT * 8  # input ids and targets, int64
     accumulating = grad_accum_steps > 1
+    block = None
+    if cp > 1:  # every block's attention runs as the ring
+        block = ring_block(cfg, B, T, precision, device)
+        saved = ring_saved_tensors(saved, block)
+        A = activation_bytes(saved, cfg.n_layer)
     fwd, bwd = activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumulating,
-                                loss_chunks=spec.loss_chunks, offload=spec.offload_activations)
+                                loss_chunks=spec.loss_chunks, block=block,
+                                offload=spec.offload_activations)
+    if cp > 1:
+        ring_fwd, ring_bwd = ring_peaks(
+            cfg, block, B=B, n=T, ranks=cp, precision=precision, checkpointing=checkpointing,
+            model_level=sum(t.bytes for t in saved if t.scope == "model"),
+            accumulating=accumulating)
+        fwd, bwd = max(fwd, ring_fwd), max(bwd, ring_bwd)
     # A tied embedding gets two gradients (head and lookup); autograd holds the first until the
     # second arrives and adds them: three (V, C) tensors at the very end of the backward pass.
     # When gradients accumulate, the embedding's new gradient (V, C) is a temporary added into
@@ -264,13 +293,14 @@ def estimate(
     return step_estimate(
         parameters=n, P=P, G=G, S=S, A=A, tokens=tokens, fwd=fwd, bwd=bwd, end=end,
         scratch=I_step, accumulating=accumulating, saved=saved,
-        setup=dict(model=cfg.name, parameters=n, batch_size=B, seq_len=T, precision=precision,
-                   optimizer=optimizer, optimizer_impl=optimizer_impl, attention=cfg.attention,
+        setup=dict(model=cfg.name, parameters=n, batch_size=B, seq_len=seq_len,
+                   precision=precision, optimizer=optimizer, optimizer_impl=optimizer_impl, attention=cfg.attention,
                    checkpointing=checkpointing, grad_accum_steps=grad_accum_steps, mode="train",
                    new_tokens=0, device=device,
                    **({"loss_chunks": spec.loss_chunks} if spec.loss_chunks != 1 else {}),
                    **({"offload_activations": True, "offloaded_bytes": host}
-                      if spec.offload_activations else {})))
+                      if spec.offload_activations else {}),
+                   **({"context_parallel": cp, "tokens_per_rank": T} if cp > 1 else {})))
 
 
 def step_estimate(*, parameters: int, P: int, G: int, S: int, A: int, tokens: int, fwd: int,

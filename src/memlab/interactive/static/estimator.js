@@ -221,7 +221,7 @@
 
   /* activation_peaks for the page's two plans, none and full checkpointing: [forward,
      backward] activation-side bytes at their highest points, and the saved bytes A. */
-  function activationPeaks(cfg, s, tensors, K) {
+  function activationPeaks(cfg, s, tensors, K, ringBlockTensors) {
     var B = s.batch_size;
     var T = s.seq_len;
     var BT = B * T;
@@ -234,7 +234,7 @@
     var d = dims(cfg, s, K);
     var modelLevel = bytesOf(tensors, "model");
     var A = modelLevel + bytesOf(tensors, "head") + L * bytesOf(tensors, "layer");
-    var block = blockTensors(cfg, s, d, K); // the full, recomputed block
+    var block = ringBlockTensors || blockTensors(cfg, s, d, K); // the full, recomputed block
     var blockBytes = bytesOf(block, null);
     var xIn = BT * cfg.d_model * pb; // a checkpointed block's input: the residual stream
     // Saved under a block when its backward runs (its own input included), and in the forward.
@@ -310,6 +310,44 @@
     return [fwd, bwd, A];
   }
 
+  function checkContextParallel(N, T) { // memlab.memory.context: the zig-zag cuts T into 2N chunks
+    var bad = typeof N !== "number" || !Number.isInteger(N) || N < 1;
+    return bad || (N > 1 && T % (2 * N) !== 0) ? fail(bad
+      ? "context_parallel must be a positive whole number of ranks, got " + pyRepr(N)
+      : "context parallelism over " + N + " ranks (zig-zag) cuts the sequence into " + 2 * N +
+        " equal chunks: seq_len must be a multiple of " + 2 * N + ", got " + pyRepr(T)) : N;
+  }
+
+  function ringBlock(cfg, s, K) { // ring_block: the attention core as ring_core_tensors
+    var B = s.batch_size, n = s.seq_len, cb = K.compute_bytes[s.precision], hs = cfg.head_dim;
+    var q = B * cfg.n_head * n * hs * cb, kv = B * cfg.kv_heads * n * hs * cb;
+    var core = [["q", q], ["k", kv], ["v", kv], ["positions", n * K.bytes.int64], ["output", q],
+                ["log-sum-exp", B * cfg.n_head * n * K.bytes.fp32], ["o_proj input", B * n * cfg.d_model * cb]
+    ].map(function (r) { return { name: "ring " + r[0], scope: "layer", stage: "attention", role: null, bytes: r[1] }; });
+    return [].concat.apply([], blockTensors(cfg, s, dims(cfg, s, K), K).map(function (t) { // RoPE's casts stay
+      return t.stage === "attention" && t.name.indexOf("RoPE") !== 0 ? core.splice(0) : [t]; }));
+  }
+
+  function ringPeaks(cfg, s, block, N, modelLevel, K) { // ring_peaks, with ring_transient_bytes
+    var B = s.batch_size, n = s.seq_len, L = cfg.n_layer, C = cfg.d_model, f = K.bytes.fp32, hs = cfg.head_dim;
+    var cb = K.compute_bytes[s.precision], pb = K.param_bytes[s.precision], up = cb !== f;
+    var S = B * cfg.n_head * n * n * f, Q = B * cfg.n_head * n * hs, KV = B * cfg.kv_heads * n * hs;
+    var R = B * cfg.n_head * n * f, held = N > 1 ? 2 * KV * cb : 0;
+    var body = block.filter(function (t) { return t.stage !== "casts"; }), names = body.map(function (t) { return t.name; });
+    var upTo = function (x) { return bytesOf(body.slice(0, names.indexOf(x) + 1), null); }; // weight copies aside
+    var kept = s.checkpointing ? B * n * C * pb : bytesOf(block, null), castB = bytesOf(block, null) - bytesOf(body, null);
+    var casts = castB ? (s.checkpointing ? (L - 1) * castB : 0) + 2 * C * hs * (cfg.n_head + 2 * cfg.kv_heads) : 0;
+    var g = paramGroups(cfg, K), d = dims(cfg, s, K), acc = s.grad_accum_steps > 1;
+    var att = styleTables(cfg, K).grads_in_block[s.precision].attention;
+    var bwd = [0, L - 1].map(function (l) {
+      return modelLevel + l * kept + upTo("ring log-sum-exp") + poly(att[1], d) + (acc ? pb * Math.max.apply(null, g.block)
+        : pb * sum(g.head) + (L - 1 - l) * pb * sum(g.block) + poly(att[0], d)) + B * n * C * (pb + cb) + 3 * S +
+        n * n + (cfg.kv_heads !== cfg.n_head || up ? 2 * Q * f : 0) + (up ? 2 * Q * f : 0) + (KV + Q) * f + R + held + 2 * KV * f;
+    });
+    return [modelLevel + (L - 1) * kept + casts + upTo("ring v") + 3 * S + n * n + Q * f + 2 * R + held +
+            n * K.bytes.int64, Math.max.apply(null, bwd)];
+  }
+
   /* ---- the estimate (memlab.memory.estimator.estimate and step_estimate) ------------ */
 
   function positiveInt(what, value) {
@@ -349,7 +387,8 @@
   function estimate(cfg0, setting, K) {
     checkSetting(cfg0, setting, K);
     var cfg = Object.assign({}, cfg0, { attention: setting.attention });
-    var s = Object.assign({}, setting, { checkpointing: !!setting.checkpointing });
+    var ranks = checkContextParallel(setting.context_parallel || 1, setting.seq_len); // T/N tokens each
+    var s = Object.assign({}, setting, { checkpointing: !!setting.checkpointing, seq_len: setting.seq_len / ranks });
     var precision = s.precision;
     var pb = K.param_bytes[precision];
     var accumulating = s.grad_accum_steps > 1;
@@ -357,7 +396,12 @@
     var P = pb * n;
     var G = P;
     var S = optimizerStateBytes(cfg, K, precision, s.optimizer, s.optimizer_impl, s.device);
-    var peaks = activationPeaks(cfg, s, savedTensors(cfg, s, K), K);
+    var saved = savedTensors(cfg, s, K), block = ranks > 1 ? ringBlock(cfg, s, K) : null; // the ring's
+    saved = block && !s.checkpointing // ring_saved_tensors
+      ? saved.filter(function (t) { return t.scope !== "layer"; }).concat(block) : saved;
+    var peaks = activationPeaks(cfg, s, saved, K, block);
+    var ring = ranks > 1 ? ringPeaks(cfg, s, block, ranks, bytesOf(saved, "model"), K) : [0, 0];
+    peaks = [Math.max(peaks[0], ring[0]), Math.max(peaks[1], ring[1]), peaks[2]];
     var A = peaks[2];
     var tokens = 2 * s.batch_size * s.seq_len * K.bytes.int64; // input ids and targets
     // A tied embedding gets two gradients, summed at the very end of the backward pass; with
@@ -537,6 +581,7 @@
         s.optimizer + " (" + s.optimizer_impl + "), " + s.attention + " attention" +
         (s.checkpointing ? ", checkpointing" : "") +
         (s.grad_accum_steps > 1 ? ", " + s.grad_accum_steps + " accumulation steps" : "") +
+        (s.context_parallel > 1 ? ", one of " + s.context_parallel + " context-parallel ranks" : "") +
         ", " + s.device + " conventions";
       var phases = {};
       K.phases.forEach(function (p) {
@@ -606,7 +651,7 @@
     });
     var controls = {};
     ["model", "batch_size", "seq_len", "precision", "optimizer", "optimizer_impl", "attention",
-     "checkpointing", "grad_accum_steps", "device"].forEach(function (k) {
+     "checkpointing", "grad_accum_steps", "device", "context_parallel"].forEach(function (k) {
       controls[k] = q(rootEl, k);
     });
     var pasteText = q(rootEl, "config-text");
@@ -626,7 +671,7 @@
         attention: controls.attention.value,
         checkpointing: controls.checkpointing.checked,
         grad_accum_steps: typedInt(controls.grad_accum_steps.value),
-        device: controls.device.value,
+        device: controls.device.value, context_parallel: typedInt(controls.context_parallel.value),
       };
     }
 
