@@ -123,8 +123,8 @@ class MemoryEstimate:
 
 
 # Parameters, gradients, optimizer states ---------------------------------------------------
-def param_shapes(cfg: ModelConfig) -> list[tuple[tuple[int, ...], int]]:
-    """(shape, how many) of the model's parameters in ``model.parameters()`` order (chapter: 8).
+def param_shape_groups(cfg: ModelConfig) -> tuple[list[tuple], list[tuple], list[tuple]]:
+    """Shapes of the parameter tensors: (embeddings, one block, head), in model order (chapter: 8).
 
     Tied ones once; the shapes of :func:`memlab.model.config.param_groups`' element counts.
     """
@@ -142,6 +142,12 @@ def param_shapes(cfg: ModelConfig) -> list[tuple[tuple[int, ...], int]]:
         head = [(C,)]
     if not cfg.tied:
         head.append((V, C))
+    return embed, block, head
+
+
+def param_shapes(cfg: ModelConfig) -> list[tuple[tuple[int, ...], int]]:
+    """(shape, how many) of the model's parameters in ``model.parameters()`` order (chapter: 8)."""
+    embed, block, head = param_shape_groups(cfg)
     return [(t, 1) for t in embed] + [(t, cfg.n_layer) for t in block] + [(t, 1) for t in head]
 
 
