@@ -11,6 +11,17 @@ Names are imported on first use (:mod:`memlab._lazy`).
 from memlab._lazy import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(__name__, {
+    "memlab.longcontext.optimizers": (
+        "COMPARED",
+        "LOSS_SIZES",
+        "LossComparison",
+        "OptimizerLoss",
+        "StateBytesRow",
+        "StateBytesTable",
+        "loss_comparison",
+        "measured_state_bytes",
+        "state_bytes_table",
+    ),
     "memlab.longcontext.ring": (
         "LAYOUTS",
         "RingAttention",
