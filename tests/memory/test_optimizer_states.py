@@ -91,3 +91,12 @@ def test_adafactor_needs_shapes_in_one_line():
     # element counts still serve the other optimizers, as memlab.finetune passes them
     assert state_bytes([(10, 2)], 4, "adamw-bf16-moments") == 80
     assert state_bytes([((2, 5), 2)], 4, "adamw-bf16-moments") == 80
+
+
+@pytest.mark.parametrize("optimizer", CHEAPER)
+def test_the_allocator_request_list_refuses_them_in_one_line(optimizer):
+    from memlab.measure.allocator import model_state_requests
+
+    with pytest.raises(MemlabError, match=f"supports optimizers adamw, adam, sgd, sgd-momentum; "
+                                          f"got '{optimizer}'"):
+        model_state_requests("tiny", batch_size=1, seq_len=8, optimizer=optimizer)

@@ -2,7 +2,7 @@
 
 Every switch that changes the answer is explicit: precision (``fp32``, ``fp16-mixed``,
 ``bf16-mixed``, pure ``bf16``), optimizer (``adamw``, ``adam``, ``sgd``, ``sgd-momentum``,
-``adamw-8bit``) and its implementation (``foreach``, ``fused``, ``for-loop``), attention
+``adamw-8bit``, ``adamw-bf16-moments``, ``adafactor``) and its implementation (``foreach``, ``fused``, ``for-loop``), attention
 (``sdpa`` keeps no T x T matrix; ``eager`` keeps the softmax), full activation
 checkpointing, gradient accumulation, and inference with a KV cache.
 
