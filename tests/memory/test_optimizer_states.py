@@ -100,3 +100,23 @@ def test_the_allocator_request_list_refuses_them_in_one_line(optimizer):
     with pytest.raises(MemlabError, match=f"supports optimizers adamw, adam, sgd, sgd-momentum; "
                                           f"got '{optimizer}'"):
         model_state_requests("tiny", batch_size=1, seq_len=8, optimizer=optimizer)
+
+
+@pytest.mark.parametrize("optimizer", CHEAPER)
+def test_the_command_line_estimates_and_traces_them(optimizer, capsys, cli_error):
+    import json
+
+    from memlab.cli import main
+
+    step = ["--model", "tiny", "--batch-size", "2", "--seq-len", "32", "--optimizer", optimizer,
+            "--optimizer-impl", "for-loop", "--json"]
+    for command, fn in (("estimate", estimate), ("trace", trace_step)):
+        assert main([command, *step]) == 0
+        printed = json.loads(capsys.readouterr().out)
+        want = fn("tiny", batch_size=2, seq_len=32, optimizer=optimizer, optimizer_impl="for-loop")
+        assert printed["optimizer_states_bytes"] == want.optimizer_states_bytes
+        assert printed["setup"]["optimizer"] == optimizer
+    base = ["estimate", "--model", "tiny", "--batch-size", "2", "--seq-len", "32"]
+    cli_error([*base, "--optimizer", optimizer, "--optimizer-impl", "fused"],
+              f"optimizer '{optimizer}' has no fused kernel", "foreach, for-loop")
+    cli_error([*base, "--optimizer", "lion"], "unknown optimizer 'lion'", optimizer)
