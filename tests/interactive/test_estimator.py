@@ -337,3 +337,23 @@ def test_script_under_node_matches_python_under_context_parallelism():
     assert got[-1]["error"] == ("memlab: error: context parallelism over 3 ranks (zig-zag) cuts "
                                 "the sequence into 6 equal chunks: seq_len must be a multiple of "
                                 "6, got 4096")
+
+
+@pytest.mark.parametrize("optimizer", ["adamw-bf16-moments", "adafactor"])
+def test_script_under_node_matches_python_for_the_chapter_8_optimizers(optimizer):
+    """AdamW with bf16 moments and Adafactor on every setting: states from shapes, scratch."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed; the browser test checks the script in Chromium")
+    cases = [(key, raw, {**setting, "optimizer": optimizer})
+             for key, raw, setting in est.test_settings(300, seed=8)]
+    run = subprocess.run([node, "-e", NODE_RUNNER, str(SCRIPT)],
+                         input=json.dumps({"K": est.estimator_data(), "cases": cases}),
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    pages = json.loads(run.stdout)
+    for (key, raw, setting), page in zip(cases, pages, strict=True):
+        cfg = PRESETS[key] if raw is None else config_from_hf_dict(raw, est.PASTED_SOURCE)
+        assert page == est.estimate_readout(cfg, **setting), (key or raw, setting)
+    assert sum(page["error"] is None for page in pages) > 150  # most settings are estimated
+    assert any("has no fused kernel" in (page["error"] or "") for page in pages)

@@ -32,7 +32,7 @@ from memlab.memory.activations import (
     saved_tensors,
     stage_of,
 )
-from memlab.memory.estimator import DEVICES
+from memlab.memory.estimator import DEVICES, param_shape_groups
 from memlab.model.config import ATTENTION_IMPLS, PRECISIONS, param_groups
 
 WALK_FILE = "estimator_walk.json"
@@ -217,7 +217,7 @@ def walk_tables() -> dict:
     ``symbols``: each shape symbol and the field that sizes it; ``dtype_bytes``; per model style:
     ``saved`` (saved_tensors, the block as one row named 'block'), ``block`` (one block's
     tensors, with each one's stage and backward role), ``params`` (param_groups, tied and
-    untied) and ``grads_in_block`` (grads_done_in_block, per precision).
+    untied), ``shapes`` (param_shape_groups, the same) and ``grads_in_block`` (grads_done_in_block, per precision).
     """
     out = {"symbols": dict(SYMBOLS), "dtype_bytes": dict(DTYPE_BYTES), "styles": {}}
     for style in STYLES:
@@ -227,6 +227,13 @@ def walk_tables() -> dict:
                 ("embed", "block", "head"),
                 ([_poly(x) for x in group] for group in param_groups(symbolic_config(style,
                                                                                      tied=tied))),
+                strict=True))
+            for tied in (True, False)}
+        tables["shapes"] = {  # the same tensors' shapes, for Adafactor's factored state
+            ("tied" if tied else "untied"): dict(zip(
+                ("embed", "block", "head"),
+                ([[_poly(x) for x in shape] for shape in group]
+                 for group in param_shape_groups(symbolic_config(style, tied=tied))),
                 strict=True))
             for tied in (True, False)}
         cfg = symbolic_config(style)

@@ -30,6 +30,17 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "trace_context_parallel",
         "use_ring_attention",
     ),
+    "memlab.longcontext.optimizers": (
+        "COMPARED",
+        "LOSS_SIZES",
+        "LossComparison",
+        "OptimizerLoss",
+        "StateBytesRow",
+        "StateBytesTable",
+        "loss_comparison",
+        "measured_state_bytes",
+        "state_bytes_table",
+    ),
     "memlab.longcontext.ring": (
         "LAYOUTS",
         "RingAttention",

@@ -376,6 +376,9 @@ def model_state_requests(config_or_spec: StepSpec | str, **switches) -> list[tup
     if spec.optimizer == "adamw-8bit":
         raise MemlabError("model_state_requests supports optimizers adamw, adam, sgd, "
                           "sgd-momentum; 'adamw-8bit' keeps its states in bitsandbytes")
+    if spec.optimizer not in ("adamw", "adam", "sgd", "sgd-momentum"):
+        raise MemlabError(f"model_state_requests supports optimizers adamw, adam, sgd, "
+                          f"sgd-momentum; got {spec.optimizer!r}")
     with default_dtype(param_dtype(spec.precision)):
         model = build_model(spec.config, device="meta")
     params = [(name, p.numel() * p.element_size()) for name, p in model.named_parameters()]

@@ -356,6 +356,31 @@ class _GlobalOnly:
         return None
 
 
+class _FakeScalars:
+    """Answer a fake tensor's data-dependent scalar (``.item()``) with 1.
+
+    Fake tensors hold no values: torch's Adafactor reads its step and two norms per tensor with
+    ``.item()`` to scale the update, which no shape or dtype depends on, so the traced step
+    reads 1 there and counts the same tensors the real step allocates.
+    """
+
+    def __new__(cls):
+        from torch._subclasses.fake_tensor import DataDependentOutputException
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                try:
+                    return func(*args, **(kwargs or {}))
+                except DataDependentOutputException:
+                    if func is not torch.ops.aten._local_scalar_dense.default:
+                        raise
+                    return True if args[0].dtype == torch.bool else (
+                        1.0 if args[0].is_floating_point() else 1)
+
+        return Mode()
+
+
 def _prime_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """One optimizer step on zero gradients: the states exist afterwards, as after a first step."""
     for p in model.parameters():
@@ -417,7 +442,7 @@ def _run_step(setup: StepSpec, *, device: torch.device, traced: bool, seed: int,
         tracker.track_external(model, optimizer, tokens)  # the token ids count as 'other'
         phase_snaps: dict[str, dict[str, int]] = {}
         step = partial(_iteration, setup, device, model, optimizer, idx, targets, tracker)
-        with tracker:
+        with tracker, _FakeScalars() if traced else contextlib.nullcontext():
             if traced:  # fake tensors need no warm-up: create the optimizer states directly
                 _prime_optimizer(model, optimizer)
             else:  # a real first step also warms kernels and the allocator (cuBLAS workspace)

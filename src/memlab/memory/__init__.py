@@ -62,6 +62,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "DTYPES",
         "INFERENCE_PHASES",
         "MemoryEstimate",
+        "adafactor_scratch_bytes",
         "batch_for_peak",
         "bytes_per_param_curve",
         "estimate",
@@ -70,6 +71,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "largest_batch_that_fits",
         "optimizer_state_bytes",
         "optimizer_step_scratch_bytes",
+        "param_shape_groups",
+        "param_shapes",
     ),
     "memlab.memory.inference": (
         "InferenceMemory",

@@ -2,7 +2,7 @@
 
 Every switch that changes the answer is explicit: precision (``fp32``, ``fp16-mixed``,
 ``bf16-mixed``, pure ``bf16``), optimizer (``adamw``, ``adam``, ``sgd``, ``sgd-momentum``,
-``adamw-8bit``) and its implementation (``foreach``, ``fused``, ``for-loop``), attention
+``adamw-8bit``, ``adamw-bf16-moments``, ``adafactor``) and its implementation (``foreach``, ``fused``, ``for-loop``), attention
 (``sdpa`` keeps no T x T matrix; ``eager`` keeps the softmax), full activation
 checkpointing, gradient accumulation, and inference with a KV cache.
 
@@ -21,6 +21,7 @@ Tests hold this module to the traced step of :mod:`memlab.measure.step` (chapter
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
@@ -39,7 +40,7 @@ from memlab.memory.context import (
     ring_peaks,
     ring_saved_tensors,
 )
-from memlab.model.config import ModelConfig, get_config, kv_cache_bytes, param_groups
+from memlab.model.config import ModelConfig, get_config, kv_cache_bytes
 from memlab.model.step import PHASES, StepSpec, checkpointing_words, step_bytes
 from memlab.units import to_unit
 
@@ -132,31 +133,76 @@ class MemoryEstimate:
 
 
 # Parameters, gradients, optimizer states ---------------------------------------------------
-def _param_tensors(cfg: ModelConfig) -> list[tuple[int, int]]:
-    """(element count, how many such tensors) for the model's parameters, tied ones once."""
-    embed, block, head = param_groups(cfg)
+def param_shape_groups(cfg: ModelConfig) -> tuple[list[tuple], list[tuple], list[tuple]]:
+    """Shapes of the parameter tensors: (embeddings, one block, head), in model order (chapter: 8).
+
+    Tied ones once; the shapes of :func:`memlab.model.config.param_groups`' element counts.
+    """
+    C, F, V, kv = cfg.d_model, cfg.ffn_dim, cfg.vocab_size, cfg.kv_heads * cfg.head_dim
+    if cfg.style == "gpt2":
+        embed = [(V, C), (cfg.max_seq_len, C)]
+        block = [(C,), (C,), (C, C), (C,), (kv, C), (kv,), (kv, C), (kv,), (C, C), (C,), (C,),
+                 (C,), (F, C), (F,), (C, F), (C,)]
+        head = [(C,), (C,)]
+    else:
+        embed = [(V, C)]
+        qkv = ([(C, C), (C,), (kv, C), (kv,), (kv, C), (kv,)] if cfg.qkv_bias
+               else [(C, C), (kv, C), (kv, C)])
+        block = [(C,), *qkv, (C, C), (C,), (F, C), (F, C), (C, F)]
+        head = [(C,)]
+    if not cfg.tied:
+        head.append((V, C))
+    return embed, block, head
+
+
+def param_shapes(cfg: ModelConfig) -> list[tuple[tuple[int, ...], int]]:
+    """(shape, how many) of the model's parameters in ``model.parameters()`` order (chapter: 8)."""
+    embed, block, head = param_shape_groups(cfg)
     return [(t, 1) for t in embed] + [(t, cfg.n_layer) for t in block] + [(t, 1) for t in head]
+
+
+def _numel(t: int | tuple[int, ...]) -> int:
+    return t if isinstance(t, int) else math.prod(t)
 
 
 def optimizer_state_bytes(cfg: ModelConfig, precision: str, optimizer: str,
                           optimizer_impl: str = "foreach", device: str = "cuda") -> int:
-    """Bytes of the optimizer's persistent state for a model (chapter: 1)."""
-    return state_bytes(_param_tensors(cfg), PARAM_BYTES[precision], optimizer, optimizer_impl,
+    """Bytes of the optimizer's persistent state for a model (chapters: 1, 8)."""
+    return state_bytes(param_shapes(cfg), PARAM_BYTES[precision], optimizer, optimizer_impl,
                        device)
 
 
-def state_bytes(tensors: list[tuple[int, int]], param_bytes: int, optimizer: str,
-                optimizer_impl: str = "foreach", device: str = "cuda") -> int:
-    """Optimizer-state bytes of trainable tensors given as (elements, how many) (chapters: 1, 5).
+def _shapes_for(optimizer: str, tensors) -> None:
+    if optimizer == "adafactor" and any(isinstance(t, int) for t, _ in tensors):
+        raise MemlabError("optimizer 'adafactor' keeps a state whose size depends on each "
+                          "tensor's shape: give the tensors as (shape, how many), not "
+                          "(elements, how many)")
 
-    Each element is ``param_bytes`` wide.
+
+def state_bytes(tensors: list[tuple[int | tuple[int, ...], int]], param_bytes: int,
+                optimizer: str, optimizer_impl: str = "foreach", device: str = "cuda") -> int:
+    """Optimizer-state bytes of trainable tensors as (elements, how many) (chapters: 1, 5, 8).
+
+    Each element is ``param_bytes`` wide. A shape may stand for the element count; 'adafactor'
+    needs shapes.
     """
     pb = param_bytes
-    n = sum(t * k for t, k in tensors)
+    _shapes_for(optimizer, tensors)
+    n = sum(_numel(t) * k for t, k in tensors)
+    n_tensors = sum(k for _, k in tensors)
+    if optimizer == "adamw-bf16-moments":  # two bf16 moments; the step count is a Python int
+        return 2 * 2 * n
+    if optimizer == "adafactor":
+        # torch's Adafactor: an fp32 step tensor on the host (on CUDA too), and a second moment
+        # in the parameters' dtype: a row and a column vector for a matrix (Shazeer and Stern,
+        # "Adafactor: Adaptive Learning Rates with Sublinear Memory Cost"), a full one for a vector.
+        counters = 4 * n_tensors if device == "cpu" else 0
+        return counters + sum(k * pb * (t[0] if len(t) == 1 else
+                                        math.prod(t[:-2]) * (t[-2] + t[-1]))
+                              for t, k in tensors)
     if optimizer in ("adamw", "adam"):
         # Two moments in the parameters' dtype, plus one fp32 step counter per tensor, which
         # lives on the host on CUDA unless the fused kernel is used.
-        n_tensors = sum(k for _, k in tensors)
         counters = 4 * n_tensors if (device == "cpu" or optimizer_impl == "fused") else 0
         return 2 * pb * n + counters
     if optimizer == "sgd-momentum":
@@ -166,6 +212,7 @@ def state_bytes(tensors: list[tuple[int, int]], param_bytes: int, optimizer: str
     # adamw-8bit (bitsandbytes): two uint8 states and one fp32 absmax per block of 256 for each
     # large tensor; tensors under 4096 elements keep two fp32 states.
     total = 0
+    tensors = [(_numel(t), k) for t, k in tensors]
     for t, k in tensors:
         if t < BNB_MIN_NUMEL:
             total += k * 8 * t
@@ -178,27 +225,80 @@ def state_bytes(tensors: list[tuple[int, int]], param_bytes: int, optimizer: str
 
 def optimizer_step_scratch_bytes(cfg: ModelConfig, precision: str, optimizer: str,
                                  optimizer_impl: str) -> int:
-    """Bytes of temporaries while the optimizer steps (chapter: 1).
+    """Bytes of temporaries while the optimizer steps (chapters: 1, 8).
 
     foreach Adam(W) computes its update for every parameter at once, so it holds one
     parameter-sized scratch list; the for-loop version holds two of the largest tensor;
-    fused kernels, SGD and bitsandbytes' 8-bit AdamW update in place.
+    fused kernels, SGD and bitsandbytes' 8-bit AdamW update in place. AdamW with bf16 moments
+    and Adafactor: see :func:`step_scratch_bytes`.
     """
-    return step_scratch_bytes(_param_tensors(cfg), PARAM_BYTES[precision], optimizer,
+    return step_scratch_bytes(param_shapes(cfg), PARAM_BYTES[precision], optimizer,
                               optimizer_impl)
 
 
-def step_scratch_bytes(tensors: list[tuple[int, int]], param_bytes: int, optimizer: str,
-                       optimizer_impl: str) -> int:
-    """The optimizer step's scratch for trainable tensors as (elements, how many) (chapters: 1, 5).
+def step_scratch_bytes(tensors: list[tuple[int | tuple[int, ...], int]], param_bytes: int,
+                       optimizer: str, optimizer_impl: str) -> int:
+    """The optimizer step's scratch for trainable tensors as (elements, how many) (chapters: 1, 5, 8).
 
-    :func:`optimizer_step_scratch_bytes` for any list of trainable tensors.
+    :func:`optimizer_step_scratch_bytes` for any list of trainable tensors (or their shapes,
+    which 'adafactor' needs), in the order the
+    optimizer visits them. AdamW with bf16 moments updates one tensor at a time in fp32: an fp32
+    copy of each moment, and of the gradient and the parameter when they are 16-bit (never more
+    than three at once). Adafactor: see :func:`adafactor_scratch_bytes`.
     """
-    if optimizer not in ("adamw", "adam") or optimizer_impl == "fused" or not tensors:
+    if not tensors:
+        return 0
+    _shapes_for(optimizer, tensors)
+    if optimizer == "adafactor":
+        return adafactor_scratch_bytes(tensors, param_bytes, optimizer_impl)
+    if optimizer == "adamw-bf16-moments":
+        return (8 if param_bytes == 4 else 12) * max(_numel(t) for t, _ in tensors)
+    if optimizer not in ("adamw", "adam") or optimizer_impl == "fused":
         return 0
     if optimizer_impl == "foreach":
-        return param_bytes * sum(t * k for t, k in tensors)
-    return 2 * param_bytes * max(t for t, _ in tensors)
+        return param_bytes * sum(_numel(t) * k for t, k in tensors)
+    return 2 * param_bytes * max(_numel(t) for t, _ in tensors)
+
+
+def adafactor_scratch_bytes(tensors: list[tuple[tuple[int, ...], int]], param_bytes: int,
+                            optimizer_impl: str) -> int:
+    """Bytes of temporaries while torch's Adafactor steps over (shape, how many) (chapter: 8).
+
+    Read from torch's ``_adafactor.py``. Each matrix's variance estimate (row vector @ column
+    vector) is as large as the matrix; each vector's is a copy of its variance, beside its
+    squared gradient. foreach builds them for all matrices at once, then for all vectors while
+    the matrices' list is still alive: one parameter-sized scratch. The for-loop keeps the
+    previous tensor's estimate (and its row and column means, and the last squared gradient)
+    alive until the next one replaces it, so its peak is two neighbours, simulated here.
+    """
+    pb = param_bytes
+    order = [t for t, k in tensors for _ in range(k)]
+    mats = [t for t in order if len(t) > 1]
+    vecs = [t[0] for t in order if len(t) == 1]
+    if optimizer_impl == "foreach":
+        # groups by matrix / vector in order of first appearance; a group's estimates outlive it
+        groups = [sum(math.prod(t) for t in mats), sum(vecs)]
+        if order[0] and len(order[0]) == 1:
+            groups.reverse()
+        first, second = groups
+        # the matrices' group also holds one clamped row-variance mean per matrix
+        extra = len(mats) if len(order[0]) > 1 else 0
+        return pb * (first + max(extra, second))
+    row = col = sq = est = 0  # the last iteration's row mean, column mean, squared gradient, estimate
+    peak = 0
+    for t in order:
+        if len(t) > 1:
+            r, c = math.prod(t[:-1]), math.prod(t[:-2]) * t[-1]
+            peak = max(peak, row + r + col + sq + est, r + col + c + sq + est)
+            row, col = r, c
+            peak = max(peak, row + col + sq + est + math.prod(t) + 1)
+            est = math.prod(t)
+        else:
+            peak = max(peak, row + col + 2 * sq + est + t[0] if sq else row + col + est + t[0])
+            sq = t[0]
+            peak = max(peak, row + col + sq + est + t[0])
+            est = t[0]
+    return pb * peak
 
 
 # The estimate ------------------------------------------------------------------------------

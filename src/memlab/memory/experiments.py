@@ -69,7 +69,8 @@ def _accuracy_grid(scale: str):
     models = [small, get_config("tiny-gpt2", max_seq_len=1024)]
     sizes = [(2, 64), (1, 256)]
     optimizers = [("adamw", "foreach"), ("adam", "fused"), ("sgd-momentum", "foreach"),
-                  ("adamw", "for-loop"), ("sgd", "foreach")]
+                  ("adamw", "for-loop"), ("sgd", "foreach"), ("adafactor", "foreach"),
+                  ("adamw-bf16-moments", "for-loop")]
     grid, i = [], 0
     for cfg in models:
         for precision in ("fp32", "fp16-mixed", "bf16-mixed", "bf16"):

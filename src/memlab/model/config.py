@@ -16,8 +16,10 @@ from memlab.errors import MemlabError, check_choice
 
 # How a step stores and computes: master weights in fp32 with fp16/bf16 autocast, or pure bf16.
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16")
-# Optimizers by the book's names; 'adamw-8bit' is bitsandbytes' AdamW8bit.
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adamw-8bit")
+# Optimizers by the book's names; 'adamw-8bit' is bitsandbytes' AdamW8bit, 'adamw-bf16-moments'
+# the book's AdamW with bf16 moments (memlab.model.optim), 'adafactor' torch's Adafactor.
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adamw-8bit", "adamw-bf16-moments",
+              "adafactor")
 # How torch's optimizers loop over parameters: one kernel per tensor group, one per tensor, or fused.
 OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 DEFAULT_BLOCK = 64  # the book's FlashAttention (memlab.model.flash): rows of Q and of K/V per tile

@@ -154,6 +154,9 @@ class StepSpec:
         if self.optimizer == "adamw-8bit" and self.optimizer_impl == "fused":
             raise MemlabError("optimizer 'adamw-8bit' has its own kernels; accepted optimizer_impl "
                               "for it: foreach, for-loop")
+        if self.optimizer in ("adamw-bf16-moments", "adafactor") and self.optimizer_impl == "fused":
+            raise MemlabError(f"optimizer {self.optimizer!r} has no fused kernel; accepted "
+                              "optimizer_impl for it: foreach, for-loop")
         object.__setattr__(self, "checkpointing", parse_checkpointing(self.checkpointing).label)
         check_positive_int("grad_accum_steps", self.grad_accum_steps)
         check_loss_chunks(self.loss_chunks, self.batch_size * self.seq_len)

@@ -26,11 +26,12 @@ def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], *, lr: float
                    impl: str | None = None, betas: tuple[float, float] = (0.9, 0.999),
                    eps: float = 1e-8, weight_decay: float = 0.0,
                    momentum: float = 0.9) -> torch.optim.Optimizer:
-    """One optimizer by the book's name (:data:`OPTIMIZERS`), on any device (chapters: 0-3).
+    """One optimizer by the book's name (:data:`OPTIMIZERS`), on any device (chapters: 0-3, 8).
 
     ``impl`` picks torch's loop (:data:`OPTIMIZER_IMPLS`; ``None`` is torch's default for the
     device). ``lr`` and ``weight_decay`` are plain floats; ``betas`` and ``eps`` apply to the Adam
-    family, ``momentum`` to 'sgd-momentum'.
+    family, ``momentum`` to 'sgd-momentum'; 'adafactor' takes ``lr`` as torch's Adafactor does
+    (a relative step size, at most 1/sqrt(step)) and keeps its own beta2 schedule and epsilons.
     """
     check_choice("optimizer", name, OPTIMIZERS)
     if impl is not None:
@@ -44,6 +45,19 @@ def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], *, lr: float
                               "for it: foreach, for-loop")
         bnb = require("bitsandbytes", "8-bit AdamW", extra="quant")
         return bnb.optim.AdamW8bit(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    if name == "adamw-bf16-moments":
+        if impl == "fused":
+            raise MemlabError("optimizer 'adamw-bf16-moments' updates tensor by tensor; accepted "
+                              "optimizer_impl for it: foreach, for-loop")
+        from memlab.model.optim import AdamWBf16Moments
+
+        return AdamWBf16Moments(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    if name == "adafactor":  # torch's: its own relative step size and beta2 schedule
+        if impl == "fused":
+            raise MemlabError("optimizer 'adafactor' has no fused kernel in torch; accepted "
+                              "optimizer_impl for it: foreach, for-loop")
+        return torch.optim.Adafactor(params, lr=lr, weight_decay=weight_decay,
+                                     **_IMPL_KWARGS[impl])
     kw = _IMPL_KWARGS[impl]
     try:
         if name in ("adamw", "adam"):

@@ -134,6 +134,15 @@
                                     g.head.map(once));
   }
 
+  /* [[dims], how many] for every parameter tensor, in the model's order (param_shapes). */
+  function paramShapes(cfg, K) {
+    var g = styleTables(cfg, K).shapes[cfg.tied ? "tied" : "untied"], d = dims(cfg, {}, K);
+    var at = function (k) { return function (t) { return [t.map(function (p) { return poly(p, d); }), k]; }; };
+    return g.embed.map(at(1)).concat(g.block.map(at(cfg.n_layer)), g.head.map(at(1)));
+  }
+
+  function product(xs) { return xs.reduce(function (acc, x) { return acc * x; }, 1); }
+
   function numParameters(cfg, K) {
     return sum(paramTensors(cfg, K).map(function (tk) { return tk[0] * tk[1]; }));
   }
@@ -162,6 +171,13 @@
     if (optimizer === "sgd") {
       return 0;
     }
+    if (optimizer === "adamw-bf16-moments") { return 2 * K.bytes.bf16 * n; }  /* + a Python int */
+    if (optimizer === "adafactor") {  /* a row and a column per matrix, a vector's own size */
+      return sum(paramShapes(cfg, K).map(function (tk) {
+        var t = tk[0], m = t.length, c = device === "cpu" ? fp32 : 0;
+        return tk[1] * (c + pb * (m === 1 ? t[0] : product(t.slice(0, m - 2)) * (t[m - 2] + t[m - 1])));
+      }));
+    }
     var total = 0;
     var anyLarge = false;
     tensors.forEach(function (tk) {
@@ -179,15 +195,41 @@
   /* step_scratch_bytes: foreach Adam(W) holds one parameter-sized scratch list; the for-loop
      version two of the largest tensor; fused kernels, SGD and 8-bit AdamW update in place. */
   function optimizerStepScratchBytes(cfg, K, precision, optimizer, impl) {
+    var pb = K.param_bytes[precision];
+    var fp32 = K.bytes.fp32;
+    if (optimizer === "adafactor") { return adafactorScratchBytes(paramShapes(cfg, K), pb, impl); }
+    if (optimizer === "adamw-bf16-moments") {  /* fp32 moments, and gradient when 16-bit */
+      return (2 * fp32 + (pb < fp32 ? fp32 : 0)) *
+        Math.max.apply(null, paramTensors(cfg, K).map(function (tk) { return tk[0]; }));
+    }
     if (!isAdam(optimizer) || impl === "fused") {
       return 0;
     }
-    var pb = K.param_bytes[precision];
     var tensors = paramTensors(cfg, K);
     if (impl === "foreach") {
       return pb * sum(tensors.map(function (tk) { return tk[0] * tk[1]; }));
     }
     return 2 * pb * Math.max.apply(null, tensors.map(function (tk) { return tk[0]; }));
+  }
+
+  /* adafactor_scratch_bytes: foreach holds all matrices' variance estimates, then the vectors'
+     beside them; the for-loop keeps the last tensor's temporaries until the next replaces them. */
+  function adafactorScratchBytes(tensors, pb, impl) {
+    var order = [].concat.apply([], tensors.map(function (tk) { return Array(tk[1]).fill(tk[0]); }));
+    if (impl === "foreach") {
+      var mats = order.filter(function (t) { return t.length > 1; }), matFirst = order[0].length > 1;
+      var groups = [sum(mats.map(product)), sum(order.map(function (t) { return t.length > 1 ? 0 : t[0]; }))];
+      return pb * (groups[matFirst ? 0 : 1] + Math.max(matFirst ? mats.length : 0, groups[matFirst ? 1 : 0]));
+    }
+    var row = 0, col = 0, sq = 0, est = 0, peak = 0;
+    order.forEach(function (t) {
+      var m = t.length, n = product(t), r = product(t.slice(0, m - 1)), c = n / t[m - 2];
+      peak = m > 1 ? Math.max(peak, row + r + col + sq + est, r + col + c + sq + est, r + c + sq + est + n + 1)
+        : Math.max(peak, row + col + (sq ? 2 * sq : 0) + est + n, row + col + 2 * n + est);
+      if (m > 1) { row = r; col = c; } else { sq = n; }
+      est = n;
+    });
+    return pb * peak;
   }
 
   /* ---- the activation side of the peak (memlab.memory.activations) ------------------ */
@@ -377,8 +419,9 @@
     choice("precision", s.precision, K.precisions);
     choice("optimizer", s.optimizer, K.optimizers);
     choice("optimizer_impl", s.optimizer_impl, K.optimizer_impls);
-    if (s.optimizer === "adamw-8bit" && s.optimizer_impl === "fused") {
-      fail("optimizer 'adamw-8bit' has its own kernels; accepted optimizer_impl for it: " +
+    if (/^(adamw-8bit|adamw-bf16-moments|adafactor)$/.test(s.optimizer) && s.optimizer_impl === "fused") {
+      fail("optimizer '" + s.optimizer + "' " + (s.optimizer === "adamw-8bit" ? "has its own kernels" :
+           "has no fused kernel") + "; accepted optimizer_impl for it: " +
            K.optimizer_impls.filter(function (i) { return i !== "fused"; }).join(", "));
     }
     positiveInt("grad_accum_steps", s.grad_accum_steps);
