@@ -217,3 +217,74 @@ def c47(ev: dict) -> claims.Verdict:
     checkpointing.
     """
     return _c47(ev)
+
+
+# C48 -------------------------------------------------------------------------------------------
+C48_RANKS = (2, 4, 8, 16, 32, 64)
+EXCHANGES = ("ring", "all-gather")
+
+
+def c48_evidence(model: str = "llama3.1-8b", tokens_per_rank: int = 2048, ranks=C48_RANKS,
+                 exchange: str = "ring") -> dict:
+    """One rank's bytes as the sequence grows with the ranks, each holding a fixed share (chapter: 8).
+
+    Estimated for the book's ring (:func:`memlab.longcontext.context_parallel.context_parallel_table`,
+    held to a trace over a fake process group and to a measured ring over gloo in the tests),
+    bf16 mixed precision, full checkpointing, one sequence. ``exchange='all-gather'`` is Llama 3's
+    context parallelism instead (Dubey et al. 2024, "The Llama 3 Herd of Models", section
+    3.3.2): every rank gathers the whole sequence's keys and values for each layer, so one
+    layer's K and V and their gradients, for all T tokens, are added at the peak.
+    """
+    from memlab.errors import check_choice
+    from memlab.longcontext.context_parallel import context_parallel_table
+    from memlab.memory.activations import COMPUTE_BYTES
+
+    check_choice("exchange", exchange, EXCHANGES)
+    cfg = get_config(model)
+    rows = []
+    for r in context_parallel_table(cfg, tokens_per_rank=tokens_per_rank, ranks=tuple(ranks)):
+        gathered = 0
+        if exchange == "all-gather":
+            kv = r.seq_len * cfg.kv_heads * cfg.head_dim * COMPUTE_BYTES["bf16-mixed"]
+            gathered = 4 * kv  # K and V of every token, and their gradients, one layer
+        # what the passes hold beyond the model states: the saved activations and the ring's
+        # buffers and scores (the whole peak can sit in the optimizer step, which hides them)
+        acts = r.saved_activations_bytes + r.ring_buffer_bytes + r.ring_scores_bytes
+        rows.append(dict(ranks=r.ranks, seq_len=r.seq_len, tokens_per_rank=r.tokens_per_rank,
+                         model_states_bytes=r.model_states_bytes,
+                         activations_bytes=acts + gathered,
+                         peak_bytes=r.peak_bytes + gathered, peak_phase=r.peak_phase,
+                         kv_bytes_sent_per_step=r.kv_bytes_sent_per_step))
+    return dict(model=model, tokens_per_rank=tokens_per_rank, exchange=exchange, rows=rows,
+                constant_within=0.01)
+
+
+def _c48(ev: dict) -> claims.Verdict:
+    rows = ev["rows"]
+    spread = max(max(v) / min(v) - 1 for v in ([r["activations_bytes"] for r in rows],
+                                               [r["peak_bytes"] for r in rows]))
+    first, last = rows[0], rows[-1]
+    text = (f"{ev['model']}, {ev['tokens_per_rank']:,} tokens per rank ({ev['exchange']}): from "
+            f"{first['ranks']} ranks ({first['seq_len']:,} tokens) to {last['ranks']} "
+            f"({last['seq_len']:,}), one rank's peak goes from {first['peak_bytes'] / 2**30:.2f} to "
+            f"{last['peak_bytes'] / 2**30:.2f} GiB, and its saved activations with the ring's "
+            f"buffers and scores from "
+            f"{first['activations_bytes'] / 2**30:.2f} to {last['activations_bytes'] / 2**30:.2f} "
+            f"GiB; the key/value bytes it sends per step grow from "
+            f"{first['kv_bytes_sent_per_step'] / 2**30:.1f} to "
+            f"{last['kv_bytes_sent_per_step'] / 2**30:.1f} GiB")
+    parts = [claims.Part("the context length grows linearly with the number of GPUs at constant "
+                         "memory per GPU", spread <= ev["constant_within"],
+                         f"one rank's bytes grow by {spread:.0%} from {first['ranks']} to "
+                         f"{last['ranks']} ranks")]
+    return claims.judge_parts("", parts, text)
+
+
+@claims.register("C48", _CH8, "Ring attention lets the context length grow linearly with the "
+                 "number of GPUs at constant memory per GPU.", evidence=c48_evidence, moves=[
+                     claims.Move("Llama 3's all-gather context parallelism instead of a ring: "
+                                 "each rank gathers every token's keys and values per layer",
+                                 {"exchange": "all-gather"}, claims.WRONG)])
+def c48(ev: dict) -> claims.Verdict:
+    """Holds if one rank's bytes stay within ``constant_within`` as the ranks and the sequence grow."""
+    return _c48(ev)

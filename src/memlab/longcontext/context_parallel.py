@@ -280,3 +280,64 @@ def sequence_parallel_bytes(model, *, seq_len: int, batch_size: int = 1,
         "book_tensor_parallel": norms + (total - norms) // t,
         "book_tensor_sequence_parallel": total // t,
     }
+
+
+# The chapter's ring run: equality with SDPA and the bytes, in one launch --------------------------
+RING_SIZES = {
+    "ci": dict(world=2, tokens_per_rank=64, head_dim=16),
+    "full": dict(world=4, tokens_per_rank=1024, head_dim=64),
+}
+
+
+@dataclass(frozen=True)
+class RingRun:
+    """Ring attention over ``world`` ranks: against SDPA, and one rank's bytes (chapter: 8)."""
+
+    scale: str
+    world: int
+    backend: str
+    comparisons: tuple[dict, ...]  # per case: the largest errors and their tolerance
+    rank_bytes: tuple[dict, ...]  # per rank: measured beside the formulas
+
+    def as_dict(self) -> dict:
+        """The run as a plain dict (chapter: 8)."""
+        return asdict(self)
+
+
+def ring_cases(world: int, tokens_per_rank: int, head_dim: int) -> list[dict]:
+    """The chapter's cases: causal zig-zag with GQA, and full attention on a contiguous split."""
+    T = world * tokens_per_rank
+    return [dict(batch=1, heads=4, kv_heads=2, seq_len=T, head_dim=head_dim, causal=True,
+                 layout="zigzag", dtype="fp32", seed=1),
+            dict(batch=2, heads=2, kv_heads=2, seq_len=T, head_dim=head_dim, causal=False,
+                 layout="contiguous", dtype="fp32", seed=2)]
+
+
+def ring_checks(spec: dict, device) -> dict:
+    """Both checks on this rank: the torchrun target of :func:`ring_run` (chapter: 8)."""
+    from memlab.longcontext.ring import compare_with_sdpa
+
+    compared = compare_with_sdpa(dict(cases=spec["cases"]), device)
+    measured = measure_ring(dict(cases=[spec["bytes_case"]]), device)
+    return dict(results=compared["results"], bytes=measured["results"][0])
+
+
+def ring_run(scale: str = "ci") -> RingRun:
+    """Ring attention launched over gloo (NCCL with a GPU per rank), checked and measured (chapter: 8)."""
+    from memlab.distributed.launch import launch, launch_device
+
+    size = RING_SIZES[scale]
+    world = size["world"]
+    cases = ring_cases(world, size["tokens_per_rank"], size["head_dim"])
+    bytes_case = dict(batch=1, heads=4, kv_heads=2, tokens_per_rank=size["tokens_per_rank"],
+                      head_dim=size["head_dim"])
+    run = launch("memlab.longcontext.context_parallel:ring_checks",
+                 dict(cases=cases, bytes_case=bytes_case), nproc=world, timeout_s=300)
+    comparisons = tuple(  # each case's largest error over every rank, against its tolerance
+        dict(case=res["case"], tolerance=res["tolerance"],
+             worst=max(max(r["results"][i]["errors"].values()) for r in run.ranks),
+             errors={k: max(r["results"][i]["errors"][k] for r in run.ranks)
+                     for k in res["errors"]})
+        for i, res in enumerate(run.ranks[0]["results"]))
+    backend = "nccl" if launch_device(world) == "cuda" else "gloo"
+    return RingRun(scale, world, backend, comparisons, tuple(r["bytes"] for r in run.ranks))

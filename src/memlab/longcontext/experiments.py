@@ -1,7 +1,8 @@
 """Chapter 8's experiments, measured on this device.
 
-The chunked loss against K, activation offloading with and without checkpointing, and the
-compiler's memory budgets beside chapter 7's plans.
+The chunked loss against K, activation offloading with and without checkpointing, ring
+attention over several processes, the cheaper optimizers' loss, and the compiler's memory
+budgets beside chapter 7's plans.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 from memlab.experiments import register_kept
 from memlab.longcontext.budget import BUDGET_SIZES, BudgetTable
 from memlab.longcontext.chunked import CHUNK_SIZES, ChunkSweep
+from memlab.longcontext.context_parallel import RING_SIZES, RingRun
 from memlab.longcontext.offload import OFFLOAD_SIZES, OffloadMeasured
+from memlab.longcontext.optimizers import LOSS_SIZES, LossComparison
 
 _CH8 = "chapters/08_long_context"
 
@@ -49,3 +52,27 @@ def memory_budget_run(scale: str) -> BudgetTable:
 
     size = dict(BUDGET_SIZES[scale])
     return budget_table(size.pop("model"), **size)
+
+
+@register_kept("ring-attention", kept_as="_ring", chapter=_CH8,
+               summary="Ring attention launched over 2 (ci) or 4 (full) ranks: outputs and "
+                       "gradients against SDPA on the whole sequence, and one rank's saved, peak "
+                       "and sent bytes measured beside the formulas",
+               sizes=RING_SIZES, result=RingRun, needs="any", cost_s=60, priority=40)
+def ring_attention_run(scale: str) -> RingRun:
+    """Ring attention checked and measured over torch.distributed (chapter: 8)."""
+    from memlab.longcontext.context_parallel import ring_run
+
+    return ring_run(scale)
+
+
+@register_kept("optimizer-states", kept_as="_optim", chapter=_CH8,
+               summary="AdamW, 8-bit AdamW, AdamW with bf16 moments and Adafactor: state bytes "
+                       "measured beside the estimate, and the book's model trained with each "
+                       "over seeds, held-out loss paired by seed with 2 standard errors",
+               sizes=LOSS_SIZES, result=LossComparison, needs="any", cost_s=120, priority=40)
+def optimizer_states_run(scale: str) -> LossComparison:
+    """The cheaper optimizers' loss against AdamW's on this device (chapter: 8)."""
+    from memlab.longcontext.optimizers import loss_comparison
+
+    return loss_comparison(scale)
