@@ -255,3 +255,10 @@ def measure_offload_steps(scale: str = "ci", device=None) -> OffloadMeasured:
     setup = dict(model=cfg.name, n_layer=cfg.n_layer, d_model=cfg.d_model,
                  residual_bytes=PARAM_BYTES[step["precision"]], **step)
     return OffloadMeasured(scale, dev.type, device_name(dev), setup, tuple(runs))
+
+
+def study_from_dict(d: dict) -> OffloadStudy:
+    """An :class:`OffloadStudy` from its ``as_dict()`` (a claim's kept evidence) (chapter: 8)."""
+    cases = tuple(OffloadCase(**{k: v for k, v in c.items() if k != "cut"}) for c in d["cases"])
+    fits = tuple(BatchFit(**{k: v for k, v in f.items() if k != "ratio"}) for f in d["fits"])
+    return OffloadStudy(d["model"], d["precision"], d["link"], d["gpu"], cases, fits)

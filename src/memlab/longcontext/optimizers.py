@@ -143,7 +143,7 @@ def state_bytes_table(model: ModelConfig | str = "tiny", precision: str = "fp32"
 # at ci; full trains chapter 3's ci model for longer, over more seeds.
 LOSS_SIZES = {
     "ci": dict(config=replace(SIZES["ci"], d_model=32, d_ff=128, n_layer=1, n_head=2,
-                              seq_len=24, batch_size=16, steps=150, lr=2e-2, warmup=10,
+                              seq_len=24, batch_size=16, steps=100, lr=2e-2, warmup=10,
                               eval_sequences=64),
                seeds=3, adafactor_lr=0.1),
     "full": dict(config=replace(SIZES["ci"], steps=600, eval_sequences=512), seeds=8,
