@@ -253,7 +253,16 @@ class Transformer(nn.Module):
         training = torch.is_grad_enabled() and kv_cache is None
         offload = self.offload if training and self.offload is not None else contextlib.nullcontext()
         with offload:  # the blocks' saved tensors to the host (memlab.model.offload), if on
-            x = self._run_blocks(x, rope, kv_cache, training)
+            # (the loops rebind x, so each block's input is freed once nothing else holds it)
+            if self.checkpointing.recomputes_blocks and training:
+                for start, end, kept in self.checkpointing.units(len(self.blocks)):
+                    if kept:  # keep only the unit's input; its forward runs again in the backward
+                        x = checkpoint(self._blocks, x, rope, start, end, use_reentrant=False)
+                    else:
+                        x = self._blocks(x, rope, start, end)
+            else:
+                for i, block in enumerate(self.blocks):
+                    x = block(x, rope, kv_cache, i)
         if kv_cache is not None:
             kv_cache.pos = pos + T
         if last_only:
@@ -261,19 +270,6 @@ class Transformer(nn.Module):
         if hidden:
             return self.norm_f(x)  # (B, T, C)
         return self.lm_head(self.norm_f(x))  # (B, T, V), or (B, 1, V)
-
-    def _run_blocks(self, x, rope, kv_cache, training: bool):
-        """The blocks in order, each checkpointed unit through torch's checkpoint when training."""
-        if self.checkpointing.recomputes_blocks and training:
-            for start, end, kept in self.checkpointing.units(len(self.blocks)):
-                if kept:  # keep only the unit's input; its forward runs again in the backward
-                    x = checkpoint(self._blocks, x, rope, start, end, use_reentrant=False)
-                else:
-                    x = self._blocks(x, rope, start, end)
-        else:
-            for i, block in enumerate(self.blocks):
-                x = block(x, rope, kv_cache, i)
-        return x
 
 
 def block_linears(model: nn.Module, kind: type[nn.Module] = nn.Linear) -> dict[str, nn.Module]:
