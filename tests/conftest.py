@@ -124,3 +124,49 @@ def cli_error(capsys):
             assert needle in err, err
 
     return check
+
+
+@pytest.fixture
+def random_step():
+    """``case(seed, **switches) -> (config, step)``: a small model and step drawn at random.
+
+    Not chosen in advance: style, heads (GQA or not), width, depth, vocabulary, batch, length
+    and precision come from ``seed``; ``switches`` maps a step switch to the values to draw from.
+    """
+    import random
+
+    from memlab.model.config import ModelConfig
+
+    def case(seed: int, **switches) -> tuple[ModelConfig, dict]:
+        rng = random.Random(seed)
+        style = rng.choice(["llama", "llama", "gpt2"])
+        n_head = rng.choice([2, 4])
+        cfg = ModelConfig(name=f"case{seed}", style=style, vocab_size=rng.randrange(500, 6000),
+                          n_layer=rng.randrange(1, 5), n_head=n_head,
+                          n_kv_head=rng.choice([None, n_head // 2]) if style == "llama" else None,
+                          d_model=16 * n_head * rng.randrange(1, 3), max_seq_len=512)
+        B, T = rng.randrange(1, 4), rng.randrange(16, 200)
+        step = dict(batch_size=B, seq_len=T, precision=rng.choice(["fp32", "bf16-mixed", "bf16"]))
+        for name, values in switches.items():
+            step[name] = values(B * T, rng) if callable(values) else rng.choice(values)
+        return cfg, step
+
+    return case
+
+
+@pytest.fixture
+def held_to_trace():
+    """``check(config, step)``: the estimate of a step within 3% of its trace, every phase."""
+    from memlab.measure.step import trace_step
+    from memlab.memory.estimator import estimate
+
+    def check(cfg, step) -> None:
+        traced = trace_step(cfg, **step)
+        est = estimate(cfg, device="cpu", **step)
+        for phase in ("forward", "backward", "optimizer"):
+            assert est.phase_peak_bytes[phase] == pytest.approx(
+                traced.phase_peak_bytes[phase], rel=0.03), (phase, step)
+        assert est.saved_activations_bytes == pytest.approx(traced.saved_activations_bytes,
+                                                            rel=0.03)
+
+    return check
