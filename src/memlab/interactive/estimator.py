@@ -138,6 +138,8 @@ def estimate_readout(model: str | ModelConfig = "llama2-7b", *, batch_size=1, se
 
     A ``seq_len`` above the model's ``max_seq_len`` is capped, with a note; a bad switch gives
     ``{"error": "memlab: error: ..."}``, as the page shows it. ``attention=None``: the model's own.
+    ``loss_chunks`` K > 1 and ``offload_activations`` are chapter 8's levers, named in the setup
+    line (with the bytes offloading keeps on the host).
     """
     cfg = model if isinstance(model, ModelConfig) else get_config(model)
     gpu_list = [get_gpu(g) for g in gpus]
