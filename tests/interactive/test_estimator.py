@@ -57,6 +57,8 @@ def test_seq_len_above_the_model_maximum_is_capped_with_a_note():
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = resources.files("memlab.interactive") / "static" / "estimator.js"
+# the walk's tables and the activation side, which estimator.js reads (loaded before it)
+ACTIVATIONS_SCRIPT = resources.files("memlab.interactive") / "static" / "estimator_activations.js"
 
 
 class _Tags(HTMLParser):
@@ -118,17 +120,19 @@ def test_the_walk_tables_give_saved_tensors_bytes():
     """Read back at real shapes, the tables give saved_tensors' bytes, tensor by tensor."""
     walk = walk_tables()
     for name in ("gpt2", "llama-1b", "llama3-8b", "mistral-7b"):
-        for precision, device, attention, ckpt in [("bf16-mixed", "cuda", "eager", False),
-                                                   ("fp32", "cpu", "flash", True),
-                                                   ("bf16", "cpu", "sdpa", False),
-                                                   ("fp16-mixed", "cuda", "flash", False)]:
+        for precision, device, attention, ckpt, chunks in [
+                ("bf16-mixed", "cuda", "eager", False, 1), ("fp32", "cpu", "flash", True, 1),
+                ("bf16", "cpu", "sdpa", False, 1), ("fp16-mixed", "cuda", "flash", False, 1),
+                ("bf16-mixed", "cuda", "sdpa", True, 7), ("fp32", "cuda", "eager", False, 2),
+                ("bf16", "cpu", "flash", False, 60)]:
             cfg = dataclasses.replace(PRESETS[name], attention=attention)
             want = saved_tensors(cfg, batch_size=3, seq_len=20, precision=precision,
-                                 checkpointing=ckpt, device=device)
+                                 checkpointing=ckpt, device=device, loss_chunks=chunks)
             got = _walk_saved(walk, cfg, dict(batch_size=3, seq_len=20, precision=precision,
                                               device=device, attention=attention,
-                                              checkpointing=ckpt))
-            assert got == [(t.scope, t.dtype, t.bytes) for t in want], (name, precision, ckpt)
+                                              checkpointing=ckpt, chunked_loss=chunks > 1))
+            assert got == [(t.scope, t.dtype, t.bytes) for t in want], (name, precision, ckpt,
+                                                                        chunks)
 
 
 def _walk_saved(walk, cfg, s) -> list[tuple]:
@@ -160,11 +164,12 @@ def _walk_saved(walk, cfg, s) -> list[tuple]:
     return rows(walk["styles"][cfg.style]["saved"])
 
 
-def test_estimator_script_ships_as_package_data_and_holds_no_constant():
-    assert SCRIPT.is_file()
+@pytest.mark.parametrize("script", [SCRIPT, ACTIVATIONS_SCRIPT], ids=lambda p: p.name)
+def test_estimator_script_ships_as_package_data_and_holds_no_constant(script):
+    assert script.is_file()
     pyproject = (REPO_ROOT / "pyproject.toml").read_text()
     assert '"interactive/static/*.js"' in pyproject
-    text = SCRIPT.read_text(encoding="utf-8")
+    text = script.read_text(encoding="utf-8")
     assert "memlabEstimator" in text and "</script" not in text.lower()
     code = re.sub(r"/\*.*?\*/|//[^\n]*", "", text, flags=re.S)  # without comments
     # bytes per dtype and precision, block sizes, GPU and unit sizes come from Python
@@ -192,6 +197,9 @@ def test_memory_estimator_html_is_self_contained_with_unique_ids():
     a, b = est.memory_estimator().html(), est.memory_estimator("gpt2", seq_len=512).html()
     for page in (a, b):
         assert "<style>" in page and static_script("estimator.js") in page
+        # the activation side first, once: estimator.js reads its global
+        acts = static_script("estimator_activations.js")
+        assert page.count(acts) == 1 and page.index(acts) < page.index(static_script("estimator.js"))
         t = _tags(page)
         assert t.urls == [] and not re.search(r"https?://|url\(|@import", page)
         assert len(t.ids) == len(set(t.ids))
@@ -264,7 +272,7 @@ def test_test_settings_are_seeded_and_cover_every_switch():
     styles = {raw["model_type"] for raw in pasted}
     assert styles == {"gpt2", "llama", "mistral"}
     for key in ("precision", "optimizer", "optimizer_impl", "attention", "device",
-                "checkpointing"):
+                "checkpointing", "loss_chunks", "offload_activations", "context_parallel"):
         assert len({s[key] for _, _, s in cases}) > 1, key
     for raw in pasted:  # every random config is one the loader accepts
         config_from_hf_dict(raw, est.PASTED_SOURCE)
@@ -357,3 +365,61 @@ def test_script_under_node_matches_python_for_the_chapter_8_optimizers(optimizer
         assert page == est.estimate_readout(cfg, **setting), (key or raw, setting)
     assert sum(page["error"] is None for page in pages) > 150  # most settings are estimated
     assert any("has no fused kernel" in (page["error"] or "") for page in pages)
+
+
+def _node_pages(cases) -> list[dict]:
+    """What the page's script shows for each case, run under node (skipped without it)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed; the browser test checks the script in Chromium")
+    run = subprocess.run([node, "-e", NODE_RUNNER, str(SCRIPT)],
+                         input=json.dumps({"K": est.estimator_data(), "cases": cases}),
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout)
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 7, 64])
+@pytest.mark.parametrize("offload", [False, True])
+def test_script_under_node_matches_python_with_loss_chunks_and_offloading(chunks, offload):
+    """The chunked loss (chunked_head_peaks) and activation offloading, in the page as in Python."""
+    cases = [(key, raw, {**setting, "loss_chunks": chunks, "offload_activations": offload,
+                         "context_parallel": 1})
+             for key, raw, setting in est.test_settings(200, seed=13)
+             if setting["batch_size"] * setting["seq_len"] >= chunks]
+    pages = _node_pages(cases)
+    for (key, raw, setting), page in zip(cases, pages, strict=True):
+        cfg = PRESETS[key] if raw is None else config_from_hf_dict(raw, est.PASTED_SOURCE)
+        assert page == est.estimate_readout(cfg, **setting), (key or raw, setting)
+    answered = [page for page in pages if page["error"] is None]
+    assert len(answered) > 100
+    if offload:
+        assert all("of activations offloaded to the host" in p["setup"] for p in answered)
+    if chunks > 1:
+        assert all(f", the loss in {chunks} chunks" in p["setup"] for p in answered)
+
+
+def test_loss_chunks_and_offloading_lower_the_forward_and_bad_ones_are_one_line():
+    """Llama-3.1-8B at 8k tokens: each lever lowers the forward pass; refusals are Python's lines."""
+    base = dict(batch_size=1, seq_len=8192, precision="bf16-mixed", optimizer="adamw",
+                optimizer_impl="foreach", attention="sdpa", checkpointing=True,
+                grad_accum_steps=1, device="cuda")
+    levers = [{}, {"loss_chunks": 8}, {"offload_activations": True},
+              {"loss_chunks": 8, "offload_activations": True}]
+    bad = [{"loss_chunks": 0}, {"loss_chunks": 8193}, {"loss_chunks": "8"},
+           {"offload_activations": "yes"}, {"offload_activations": True, "context_parallel": 2}]
+    cases = [("llama3.1-8b", None, {**base, **lever}) for lever in levers + bad]
+    pages = _node_pages(cases)
+    for (key, _, setting), page in zip(cases, pages, strict=True):
+        assert page == est.estimate_readout(key, **setting), setting
+    # AdamW's step is the peak here; the levers act on the forward pass's
+    fwd = [page["phases"]["forward"]["bytes"] for page in pages[:len(levers)]]
+    assert fwd[0] > fwd[1] > fwd[3] and fwd[0] > fwd[2] > fwd[3], fwd
+    errors = [page["error"] for page in pages[len(levers):]]
+    assert errors[:2] == [f"memlab: error: loss_chunks must be a whole number from 1 to 8,192, "
+                          f"got {k}" for k in (0, 8193)]
+    assert errors[2].endswith("got '8'") and errors[3].endswith("True or False, got 'yes'")
+    assert errors[4] == ("memlab: error: context parallelism with activation offloading is not "
+                         "modelled: estimate one of them (context_parallel or "
+                         "offload_activations)")
+    assert all("\n" not in e for e in errors)

@@ -223,9 +223,9 @@ def test_script_matches_memlab_estimate_over_random_settings(open_estimator):
 def _set(page, role: str, value) -> None:
     """Change one control the way a reader does: pick, type or tick."""
     el = page.locator(ROOT).first.locator(f'[data-role="{role}"]')
-    if role == "checkpointing":
+    if role in ("checkpointing", "offload_activations"):
         el.set_checked(bool(value))
-    elif role in ("batch_size", "seq_len", "grad_accum_steps"):
+    elif role in ("batch_size", "seq_len", "grad_accum_steps", "loss_chunks", "context_parallel"):
         el.fill(str(value))
     else:
         el.select_option(str(value))
@@ -259,6 +259,25 @@ def test_a_reader_changing_controls_sees_python_s_numbers(open_estimator):
         assert page_shows == expected(model, None, setting), (step, role, value)
         peaks.add(page_shows["peak_bytes"])
     assert len(peaks) > 15  # the numbers moved
+
+
+def test_a_reader_chunking_the_loss_and_offloading_sees_python_s_numbers(open_estimator):
+    """Typing loss chunks K and ticking the offload box recompute as memlab.memory.estimate."""
+    page = open_estimator(est.memory_estimator("llama3.1-8b", seq_len=8192).html())
+    setting = dict(batch_size=1, seq_len=8192, precision="bf16-mixed", optimizer="adamw",
+                   optimizer_impl="foreach", attention="sdpa", checkpointing=False,
+                   grad_accum_steps=1, device="cuda", loss_chunks=1, offload_activations=False)
+    forward = []
+    for role, value in [("checkpointing", True), ("loss_chunks", 8), ("offload_activations", True),
+                        ("loss_chunks", 8193), ("loss_chunks", 64), ("context_parallel", 2)]:
+        setting[role] = value
+        _set(page, role, value)
+        shows = _read(page)
+        assert shows == expected("llama3.1-8b", None, setting), (role, value)
+        forward.append(None if shows["error"] else shows["phases"]["forward"]["bytes"])
+    assert forward[0] > forward[1] > forward[2] and forward[3] is None
+    assert _read(page)["error"].startswith("memlab: error: context parallelism with activation "
+                                           "offloading is not modelled")
 
 
 def test_model_menu_recomputes_without_a_kernel(open_estimator):
@@ -474,7 +493,8 @@ JS_SETTING = """(root) => {
     batch_size: n("batch_size"), seq_len: n("seq_len"), precision: q("precision").value,
     optimizer: q("optimizer").value, optimizer_impl: q("optimizer_impl").value,
     attention: q("attention").value, checkpointing: q("checkpointing").checked,
-    grad_accum_steps: n("grad_accum_steps"), device: q("device").value}};
+    grad_accum_steps: n("grad_accum_steps"), device: q("device").value,
+    loss_chunks: n("loss_chunks"), offload_activations: q("offload_activations").checked}};
 }"""
 
 

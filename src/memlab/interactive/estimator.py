@@ -2,9 +2,11 @@
 
 :func:`memory_estimator` renders a self-contained HTML block (inline style, inline script, no
 external resource) that recomputes in the browser with no kernel: in the built book, and in a
-live Jupyter, Colab or VS Code output. Its script (``static/estimator.js``) interprets
-:func:`memlab.memory.estimate`'s walk for a training step as Python writes it down
-(:mod:`memlab.interactive.walk`: the saved tensors of each layer kind, the parameter tensors);
+live Jupyter, Colab or VS Code output. Its scripts (``static/estimator_activations.js``, then
+``static/estimator.js``) interpret :func:`memlab.memory.estimate`'s walk for a training step as
+Python writes it down (:mod:`memlab.interactive.walk`: the saved tensors of each layer kind, the
+parameter tensors), with chapter 8's levers: the chunked loss, activation offloading and
+context parallelism;
 every number it multiplies by (bytes per dtype and per precision, bitsandbytes' block size,
 FlashAttention's tiles, the presets' shapes, each GPU's usable bytes, the table that reads a
 Hugging Face ``config.json``) is passed to it as JSON by :func:`estimator_data`. :func:`estimate_readout` is what the page shows for one setting,
@@ -128,13 +130,16 @@ def estimate_readout(model: str | ModelConfig = "llama2-7b", *, batch_size=1, se
                      precision: str = "bf16-mixed", optimizer: str = "adamw",
                      optimizer_impl: str = "foreach", attention: str | None = None,
                      checkpointing: bool = False, grad_accum_steps=1, device: str = "cuda",
-                     gpus=CATALOGUE, context_parallel: int = 1) -> dict:
-    """What the estimator page shows for one setting, texts and bytes (chapter: 1).
+                     gpus=CATALOGUE, context_parallel: int = 1, loss_chunks=1,
+                     offload_activations=False) -> dict:
+    """What the estimator page shows for one setting, texts and bytes (chapters: 1, 8).
 
     The bytes are those of :func:`memlab.memory.estimate`.
 
     A ``seq_len`` above the model's ``max_seq_len`` is capped, with a note; a bad switch gives
     ``{"error": "memlab: error: ..."}``, as the page shows it. ``attention=None``: the model's own.
+    ``loss_chunks`` K > 1 and ``offload_activations`` are chapter 8's levers, named in the setup
+    line (with the bytes offloading keeps on the host).
     """
     cfg = model if isinstance(model, ModelConfig) else get_config(model)
     gpu_list = [get_gpu(g) for g in gpus]
@@ -144,7 +149,8 @@ def estimate_readout(model: str | ModelConfig = "llama2-7b", *, batch_size=1, se
         est = estimate(StepSpec(cfg, batch_size=batch_size, seq_len=seq, precision=precision,
                                 optimizer=optimizer, optimizer_impl=optimizer_impl,
                                 checkpointing=checkpointing, grad_accum_steps=grad_accum_steps,
-                                attention=attention), device=device,
+                                attention=attention, loss_chunks=loss_chunks,
+                                offload_activations=offload_activations), device=device,
                        context_parallel=context_parallel)
     except MemlabError as err:
         return {"error": f"memlab: error: {err}"}
@@ -156,6 +162,9 @@ def estimate_readout(model: str | ModelConfig = "llama2-7b", *, batch_size=1, se
              + (f", {grad_accum_steps} accumulation steps" if grad_accum_steps > 1 else "")
              + (f", one of {context_parallel} context-parallel ranks" if context_parallel > 1
                 else "")
+             + (f", the loss in {loss_chunks} chunks" if loss_chunks > 1 else "")
+             + (f", {_amount(est.setup['offloaded_bytes'], unit)} of activations offloaded to "
+                "the host" if offload_activations else "")
              + f", {device} conventions")
     phases = {p: {"total": _amount(est.phase_peak_bytes[p], unit),
                   "bytes": est.phase_peak_bytes[p],
@@ -402,8 +411,12 @@ def _estimator_html(setting: dict, model: str | ModelConfig, gpus) -> str:
         + select("device", "conventions", DEVICES, s["device"])
         + number("context_parallel", "context-parallel ranks", s.get("context_parallel", 1),
                  (1, 2, 4, 8, 16, 32, 64))
+        + number("loss_chunks", "loss chunks K", s.get("loss_chunks", 1), (1, 2, 4, 8, 16, 32))
         + f'<label class="est-check"><input type="checkbox" data-role="checkpointing"'
-        f'{" checked" if s["checkpointing"] else ""}> activation checkpointing</label>')
+        f'{" checked" if s["checkpointing"] else ""}> activation checkpointing</label>'
+        + f'<label class="est-check"><input type="checkbox" data-role="offload_activations"'
+        f'{" checked" if s.get("offload_activations") else ""}> offload activations to the host'
+        f"</label>")
     accepted = ", ".join(HF_STYLES)
     foot = (f"estimated: the formulas of memlab.memory.estimate, recomputed in this page at every "
             f"change (no kernel). A peak fits on a GPU when it is at most the GPU's usable memory "
@@ -425,7 +438,8 @@ def _estimator_html(setting: dict, model: str | ModelConfig, gpus) -> str:
         f'<div data-role="config-status" role="status"></div></details>'
         f"{_results_html(r, data)}"
         f'<div class="est-foot">{e(foot)}</div>'
-        + mount_scripts(vid, data, script="estimator.js", module="memlabEstimator")
+        + mount_scripts(vid, data, script="estimator.js", module="memlabEstimator",
+                        needs=("estimator_activations.js",))
         + "</div>"
     )
 
@@ -473,7 +487,8 @@ def memory_estimator(model: str | ModelConfig = "llama2-7b", *, batch_size: int 
                      optimizer_impl: str = "foreach", attention: str | None = None,
                      checkpointing: bool = False, grad_accum_steps: int = 1,
                      device: str = "cuda", gpus=CATALOGUE,
-                     context_parallel: int = 1) -> EstimatorView:
+                     context_parallel: int = 1, loss_chunks: int = 1,
+                     offload_activations: bool = False) -> EstimatorView:
     """The memory estimator as a page piece that recomputes in the browser, no kernel needed (chapter: 1).
 
     ``model``: a preset name or a ModelConfig (e.g. from ``get_config("config.json")``); the
@@ -487,7 +502,8 @@ def memory_estimator(model: str | ModelConfig = "llama2-7b", *, batch_size: int 
                    attention=attention if attention is not None
                    else (model if isinstance(model, ModelConfig) else PRESETS[key]).attention,
                    checkpointing=checkpointing, grad_accum_steps=grad_accum_steps, device=device,
-                   context_parallel=context_parallel)
+                   context_parallel=context_parallel, loss_chunks=loss_chunks,
+                   offload_activations=offload_activations)
     gpus = tuple(get_gpu(g) for g in gpus)
     r = estimate_readout(model, gpus=gpus, **setting)
     if r["error"]:
@@ -550,6 +566,13 @@ def test_settings(n: int = 420, seed: int = 0, hf_configs=()) -> list[tuple]:
         # context parallelism over ranks whose zig-zag split the sequence allows
         setting["context_parallel"] = rng.choice([n for n in (1, 1, 2, 4, 8)
                                                   if n == 1 or setting["seq_len"] % (2 * n) == 0])
+        # the chunked loss (now and then one chunk more than the tokens, refused) and activation
+        # offloading (now and then with the ring, refused)
+        tokens = setting["batch_size"] * setting["seq_len"]
+        chunks = rng.choice([k for k in (1, 1, 1, 1, 2, 3, 8, 64) if k <= tokens])
+        setting["loss_chunks"] = tokens + 1 if rng.random() < 0.03 else chunks
+        setting["offload_activations"] = rng.random() < (0.3 if setting["context_parallel"] == 1
+                                                         else 0.03)
         if i % 3 == 2:
             raw = (rng.choice(hf_configs) if hf_configs and rng.random() < 0.5
                    else _random_hf_config(rng))

@@ -7,7 +7,8 @@ the blocks it is made of (:func:`memlab.memory.activations.block_tensors`),
 :func:`memlab.memory.activations.grads_done_in_block`) on a model whose shapes are symbols (B, T,
 C, F, V, nh, nkv, hs, Tmax), for every switch the page offers, and writes down what comes out:
 each saved tensor's name, scope, symbolic shape, element count as a polynomial in the symbols, and
-its dtype as a rule of the switches (precision, device, attention, checkpointing) it depends on.
+its dtype as a rule of the switches (precision, device, attention, checkpointing, a chunked loss)
+it depends on.
 Changing the walk changes the tables.
 
 The tables are committed as ``static/estimator_walk.json``, the page's copy; rewrite it with
@@ -43,9 +44,10 @@ SYMBOLS = {"B": "batch_size", "T": "seq_len", "C": "d_model", "F": "ffn_dim", "V
 DTYPE_BYTES = {"int64": torch.int64.itemsize, "fp32": torch.float32.itemsize,
                "bf16": torch.bfloat16.itemsize, "fp16": torch.float16.itemsize,
                "bool": torch.bool.itemsize}
-# The page's switches, with the values it offers (the checkbox: no or full checkpointing).
+# The page's switches, with the values it offers (the checkbox: no or full checkpointing;
+# chunked_loss: loss_chunks above 1, whose value sizes no saved tensor).
 SWITCHES = {"precision": PRECISIONS, "device": DEVICES, "attention": ATTENTION_IMPLS,
-            "checkpointing": (False, True)}
+            "checkpointing": (False, True), "chunked_loss": (False, True)}
 
 
 class Sym:
@@ -195,12 +197,12 @@ def _inventory(style: str) -> dict:
     block_names, step_names = ("precision", "device", "attention"), tuple(SWITCHES)
     blocks, steps = {}, {}
     for variant in product(*(SWITCHES[n] for n in step_names)):
-        precision, device, attention, ckpt = variant
+        precision, device, attention, ckpt, chunked = variant
         cfg = symbolic_config(style, attention)
         block = block_tensors(cfg, B, T, precision, device)
         blocks[variant[:3]] = [_row(t, True) for t in block]
         saved = saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision,
-                              checkpointing=ckpt, device=device)
+                              checkpointing=ckpt, device=device, loss_chunks=2 if chunked else 1)
         rows = [_row(t, False) for t in saved]
         if not ckpt:  # the block's tensors, as one row: where the block's list goes
             at = next(i for i in range(len(saved)) if saved[i:i + len(block)] == block)

@@ -5,12 +5,15 @@
  * static/estimator_walk.json). The tables hold what each block and each step saves for the
  * backward pass (every tensor's element count as a polynomial in the shape symbols, and its
  * dtype as a rule of the switches), the parameter tensors, and the gradients finished at each
- * stage of a block's backward. This file adds only the phase arithmetic that is not a table,
- * each function naming the Python function it mirrors, and the page's controls. Every other
- * number (bytes per dtype and precision, bitsandbytes' blocks, FlashAttention's tiles, the
- * presets, each GPU's usable bytes, the config.json table) comes from Python as JSON
+ * stage of a block's backward. estimator_activations.js reads the tables and holds the
+ * activation side of the peak (the head and the loss, whole or chunked, checkpointing,
+ * activation offloading, the ring of context parallelism); this file adds the optimizer's
+ * states and scratch, the phases, the config.json reader and the page's controls, each
+ * function naming the Python function it mirrors. Every other number (bytes per dtype and
+ * precision, bitsandbytes' blocks, FlashAttention's tiles, the presets, each GPU's usable
+ * bytes, the config.json table) comes from Python as JSON
  * (memlab.interactive.estimator.estimator_data). Numbers are written by format.js.
- * Tests run it in Chromium against memlab.memory.estimate.
+ * Tests run it in Chromium and under Node against memlab.memory.estimate.
  *
  * Exposed as globalThis.memlabEstimator (and module.exports under Node):
  *   estimate(cfg, setting, K)      -> {parameters, phase_peak_bytes, peak_phase, breakdown, ...}
@@ -23,14 +26,16 @@
 (function (root, factory) {
   "use strict";
   var node = typeof module === "object" && module && module.exports && typeof require === "function";
-  var api = factory(node ? require("./format.js") : root.memlabFormat);
+  var api = factory(node ? require("./format.js") : root.memlabFormat,
+                    node ? require("./estimator_activations.js") : root.memlabEstimatorActivations);
   if (node) {
     module.exports = api;
   }
   if (root) {
     root.memlabEstimator = api;
   }
-})(typeof globalThis !== "undefined" ? globalThis : typeof window !== "undefined" ? window : this, function (format) {
+})(typeof globalThis !== "undefined" ? globalThis : typeof window !== "undefined" ? window : this,
+   function (format, acts) {
   "use strict";
 
   var VERSION = 2;
@@ -38,114 +43,12 @@
   var pyRepr = format.pyRepr;
   var intText = format.intText;
 
-  function MemlabError(message) {
-    this.memlab = true;
-    this.message = message;
-  }
-
-  function fail(message) {
-    throw new MemlabError(message);
-  }
-
-  function sum(xs) {
-    var s = 0;
-    for (var i = 0; i < xs.length; i++) {
-      s += xs[i];
-    }
-    return s;
-  }
-
-  /* ---- the tables (memlab.interactive.walk.walk_tables) ----------------------------- */
-
-  /* The value of each shape symbol: a setting's field (B, T) or the config's (C, F, ...). */
-  function dims(cfg, s, K) {
-    var d = {};
-    Object.keys(K.walk.symbols).forEach(function (sym) {
-      var field = K.walk.symbols[sym];
-      d[sym] = Object.prototype.hasOwnProperty.call(s, field) ? s[field] : cfg[field];
-    });
-    return d;
-  }
-
-  /* A polynomial [[coefficient, [symbol, ...]], ...] at these sizes; 'x//k' is x // k. */
-  function poly(p, d) {
-    return sum(p.map(function (term) {
-      return term[1].reduce(function (acc, sym) {
-        var cut = sym.indexOf("//");
-        return acc * (cut < 0 ? d[sym] : Math.floor(d[sym.slice(0, cut)] / Number(sym.slice(cut + 2))));
-      }, term[0]);
-    }));
-  }
-
-  /* A row's dtype under this setting ({by: switches, dtype: {values: dtype}}), or null when
-     the setting saves no such tensor. */
-  function rowDtype(row, s) {
-    var key = row.by.map(function (sw) {
-      return String(s[sw]);
-    }).join("/");
-    return Object.prototype.hasOwnProperty.call(row.dtype, key) ? row.dtype[key] : null;
-  }
-
-  /* The rows of a table this setting saves, with their bytes. */
-  function rows(table, s, d, K) {
-    var out = [];
-    table.forEach(function (row) {
-      var dtype = rowDtype(row, s);
-      if (dtype !== null) {
-        out.push({ name: row.name, scope: row.scope, stage: row.stage, role: row.role,
-                   dtype: dtype, bytes: (K.walk.dtype_bytes[dtype] || 0) * poly(row.numel, d) });
-      }
-    });
-    return out;
-  }
-
-  function styleTables(cfg, K) {
-    return K.walk.styles[cfg.style];
-  }
-
-  /* What one block saves, recomputed whole when checkpointed (_llama_block, _gpt2_block). */
-  function blockTensors(cfg, s, d, K) {
-    return rows(styleTables(cfg, K).block, s, d, K);
-  }
-
-  /* Every saved tensor of a step (saved_tensors): the row 'block' stands for the block's list. */
-  function savedTensors(cfg, s, K) {
-    var d = dims(cfg, s, K);
-    var out = [];
-    rows(styleTables(cfg, K).saved, s, d, K).forEach(function (t) {
-      out = out.concat(t.dtype === "block" ? blockTensors(cfg, s, d, K) : [t]);
-    });
-    return out;
-  }
-
-  /* The parameter tensors' element counts (param_groups): embeddings, one block's, head's. */
-  function paramGroups(cfg, K) {
-    var g = styleTables(cfg, K).params[cfg.tied ? "tied" : "untied"];
-    var d = dims(cfg, {}, K);
-    var at = function (p) { return poly(p, d); };
-    return { embed: g.embed.map(at), block: g.block.map(at), head: g.head.map(at) };
-  }
-
-  /* [elements, how many such tensors] for every parameter tensor (estimator._param_tensors). */
-  function paramTensors(cfg, K) {
-    var g = paramGroups(cfg, K);
-    var once = function (t) { return [t, 1]; };
-    return g.embed.map(once).concat(g.block.map(function (t) { return [t, cfg.n_layer]; }),
-                                    g.head.map(once));
-  }
-
-  /* [[dims], how many] for every parameter tensor, in the model's order (param_shapes). */
-  function paramShapes(cfg, K) {
-    var g = styleTables(cfg, K).shapes[cfg.tied ? "tied" : "untied"], d = dims(cfg, {}, K);
-    var at = function (k) { return function (t) { return [t.map(function (p) { return poly(p, d); }), k]; }; };
-    return g.embed.map(at(1)).concat(g.block.map(at(cfg.n_layer)), g.head.map(at(1)));
-  }
-
-  function product(xs) { return xs.reduce(function (acc, x) { return acc * x; }, 1); }
-
-  function numParameters(cfg, K) {
-    return sum(paramTensors(cfg, K).map(function (tk) { return tk[0] * tk[1]; }));
-  }
+  // the walk's tables and the activation side of the peak (estimator_activations.js)
+  var fail = acts.fail, sum = acts.sum, product = acts.product, bytesOf = acts.bytesOf;
+  var savedTensors = acts.savedTensors, paramTensors = acts.paramTensors;
+  var paramShapes = acts.paramShapes, numParameters = acts.numParameters;
+  var activationPeaks = acts.activationPeaks, ringBlock = acts.ringBlock;
+  var ringPeaks = acts.ringPeaks, checkContextParallel = acts.checkContextParallel;
 
   /* ---- optimizer states and scratch (memlab.memory.estimator) ----------------------- */
 
@@ -224,170 +127,13 @@
     var row = 0, col = 0, sq = 0, est = 0, peak = 0;
     order.forEach(function (t) {
       var m = t.length, n = product(t), r = product(t.slice(0, m - 1)), c = n / t[m - 2];
-      peak = m > 1 ? Math.max(peak, row + r + col + sq + est, r + col + c + sq + est, r + c + sq + est + n + 1)
+      peak = m > 1
+        ? Math.max(peak, row + r + col + sq + est, r + col + c + sq + est, r + c + sq + est + n + 1)
         : Math.max(peak, row + col + (sq ? 2 * sq : 0) + est + n, row + col + 2 * n + est);
       if (m > 1) { row = r; col = c; } else { sq = n; }
       est = n;
     });
     return pb * peak;
-  }
-
-  /* ---- the activation side of the peak (memlab.memory.activations) ------------------ */
-
-  /* flash_backward_workspace: dQ, dK, dV in fp32 beside the row sums D and a few tiles per
-     query head; 16-bit inputs add dO and the blocks in fp32, and the gradients cast back. */
-  function flashBackwardWorkspace(cfg, B, T, precision, K) {
-    var nh = cfg.n_head;
-    var hs = cfg.head_dim;
-    var fp32 = K.bytes.fp32;
-    var cb = K.compute_bytes[precision];
-    var qEl = B * nh * T * hs;
-    var kvEl = B * cfg.kv_heads * T * hs;
-    var b = Math.min(K.flash_block, T);
-    var tile = fp32 * B * nh * b * b;
-    var base = fp32 * (qEl + 2 * kvEl) + fp32 * B * nh * T;
-    if (cb === fp32) {
-      return base + K.flash_tiles.loop * tile;
-    }
-    var blocks = fp32 * (B * nh * b * hs + 2 * B * cfg.kv_heads * b * hs); // Q_i, K_j, V_j
-    var dO = fp32 * qEl;
-    var loop = base + dO + blocks + K.flash_tiles.loop * tile;
-    var end = base + dO + blocks + K.flash_tiles.end * tile + cb * (qEl + 2 * kvEl);
-    return Math.max(loop, end);
-  }
-
-  function bytesOf(tensors, scope) {
-    return sum(tensors.filter(function (t) { return scope === null || t.scope === scope; })
-               .map(function (t) { return t.bytes; }));
-  }
-
-  /* activation_peaks for the page's two plans, none and full checkpointing: [forward,
-     backward] activation-side bytes at their highest points, and the saved bytes A. */
-  function activationPeaks(cfg, s, tensors, K, ringBlockTensors) {
-    var B = s.batch_size;
-    var T = s.seq_len;
-    var BT = B * T;
-    var L = cfg.n_layer;
-    var ckpt = s.checkpointing;
-    var precision = s.precision;
-    var cb = K.compute_bytes[precision];
-    var pb = K.param_bytes[precision];
-    var fp32 = K.bytes.fp32;
-    var d = dims(cfg, s, K);
-    var modelLevel = bytesOf(tensors, "model");
-    var A = modelLevel + bytesOf(tensors, "head") + L * bytesOf(tensors, "layer");
-    var block = ringBlockTensors || blockTensors(cfg, s, d, K); // the full, recomputed block
-    var blockBytes = bytesOf(block, null);
-    var xIn = BT * cfg.d_model * pb; // a checkpointed block's input: the residual stream
-    // Saved under a block when its backward runs (its own input included), and in the forward.
-    var below = function (layer) { return ckpt ? (layer + 1) * xIn : layer * blockBytes; };
-
-    // Forward: everything saved, plus the logits (and their fp32 copy) during the loss; under
-    // autocast, each checkpointed block's weight casts until autocast exits.
-    var fwd = A + BT * cfg.vocab_size * cb + (cb !== fp32 ? BT * cfg.vocab_size * fp32 : 0);
-    if (ckpt) {
-      var casts = L * bytesOf(block.filter(function (t) { return t.stage === "casts"; }), null);
-      fwd += casts;
-      // checkpointed_block_peak: the last block's MLP while it runs (its tensors kept by no one),
-      // before its down projection's 16-bit weight copy exists.
-      var normOut = precision.indexOf("-mixed") >= 0 ? fp32 : pb;
-      var wide = cfg.style === "llama" ? 3 : 2;
-      var down = casts > 0 ? cfg.ffn_dim * cfg.d_model * K.bytes.bf16 : 0;
-      fwd = Math.max(fwd, modelLevel + below(L - 1) + casts - down +
-                     wide * BT * cfg.ffn_dim * cb + BT * cfg.d_model * (pb + normOut));
-    }
-    var softmaxAt = null; // [bytes of the block saved up to its softmax, bytes of the scores]
-    var before = 0;
-    block.forEach(function (t) {
-      before += t.bytes;
-      if (softmaxAt === null && t.role === "softmax") { // CUDA autocast: an fp32 copy too
-        var scores = B * cfg.n_head * T * T * cb;
-        softmaxAt = [before, t.bytes !== scores ? scores + B * cfg.n_head * T * T * fp32 : scores];
-      }
-    });
-    if (softmaxAt !== null) { // the last block's softmax, its masked scores alive beside it
-      fwd = Math.max(fwd, modelLevel + below(L - 1) + softmaxAt[0] + softmaxAt[1]);
-    }
-
-    // Backward: at its start the fp32 gradients of log-softmax's output and input; then each
-    // saved tensor's backward, walked through the last and the first block.
-    var bwd = A + 2 * BT * cfg.vocab_size * fp32;
-    var g = paramGroups(cfg, K);
-    var gBlock = pb * sum(g.block);
-    var gHead = pb * sum(g.head);
-    var freshGrad = pb * Math.max.apply(null, g.block);
-    var inBlock = {};
-    var grads = styleTables(cfg, K).grads_in_block[precision];
-    Object.keys(grads).forEach(function (stage) {
-      inBlock[stage] = [poly(grads[stage][0], d), poly(grads[stage][1], d)];
-    });
-    var dx = BT * cfg.d_model * pb; // gradient of the residual stream
-    var accumulating = s.grad_accum_steps > 1;
-    [0, L - 1].forEach(function (layer) {
-      var done = accumulating ? freshGrad : gHead + (L - 1 - layer) * gBlock;
-      var under = below(layer);
-      if (ckpt && softmaxAt !== null) { // the recomputed forward's softmax
-        bwd = Math.max(bwd, modelLevel + under + softmaxAt[0] + softmaxAt[1] + done + dx);
-      }
-      var prefix = 0;
-      block.forEach(function (t) {
-        if (t.stage === "casts") { // freed one Linear at a time: counted per stage
-          return;
-        }
-        prefix += t.bytes;
-        var gradsDone = accumulating ? 0 : inBlock[t.stage][0];
-        // Inside attention, the gradient of its output is alive beside the residual's.
-        var dOut = t.stage === "attention" ? BT * cfg.d_model * cb : 0;
-        // The gradient of what consumed it: its own size, (B, T, C) for an output Linear.
-        var consumerGrad = t.role === "linear input" ? BT * cfg.d_model * cb : t.bytes;
-        if (cfg.attention === "flash" && t.role === "logsumexp") {
-          consumerGrad = flashBackwardWorkspace(cfg, B, T, precision, K) - t.bytes;
-        } else if (t.role === "product factor") { // both factors' gradients at once
-          consumerGrad = 2 * t.bytes;
-        }
-        bwd = Math.max(bwd, modelLevel + under + prefix + inBlock[t.stage][1] + done + gradsDone +
-                       dx + dOut + t.bytes + consumerGrad);
-      });
-    });
-    return [fwd, bwd, A];
-  }
-
-  function checkContextParallel(N, T) { // memlab.memory.context: the zig-zag cuts T into 2N chunks
-    var bad = typeof N !== "number" || !Number.isInteger(N) || N < 1;
-    return bad || (N > 1 && T % (2 * N) !== 0) ? fail(bad
-      ? "context_parallel must be a positive whole number of ranks, got " + pyRepr(N)
-      : "context parallelism over " + N + " ranks (zig-zag) cuts the sequence into " + 2 * N +
-        " equal chunks: seq_len must be a multiple of " + 2 * N + ", got " + pyRepr(T)) : N;
-  }
-
-  function ringBlock(cfg, s, K) { // ring_block: the attention core as ring_core_tensors
-    var B = s.batch_size, n = s.seq_len, cb = K.compute_bytes[s.precision], hs = cfg.head_dim;
-    var q = B * cfg.n_head * n * hs * cb, kv = B * cfg.kv_heads * n * hs * cb;
-    var core = [["q", q], ["k", kv], ["v", kv], ["positions", n * K.bytes.int64], ["output", q],
-                ["log-sum-exp", B * cfg.n_head * n * K.bytes.fp32], ["o_proj input", B * n * cfg.d_model * cb]
-    ].map(function (r) { return { name: "ring " + r[0], scope: "layer", stage: "attention", role: null, bytes: r[1] }; });
-    return [].concat.apply([], blockTensors(cfg, s, dims(cfg, s, K), K).map(function (t) { // RoPE's casts stay
-      return t.stage === "attention" && t.name.indexOf("RoPE") !== 0 ? core.splice(0) : [t]; }));
-  }
-
-  function ringPeaks(cfg, s, block, N, modelLevel, K) { // ring_peaks, with ring_transient_bytes
-    var B = s.batch_size, n = s.seq_len, L = cfg.n_layer, C = cfg.d_model, f = K.bytes.fp32, hs = cfg.head_dim;
-    var cb = K.compute_bytes[s.precision], pb = K.param_bytes[s.precision], up = cb !== f;
-    var S = B * cfg.n_head * n * n * f, Q = B * cfg.n_head * n * hs, KV = B * cfg.kv_heads * n * hs;
-    var R = B * cfg.n_head * n * f, held = N > 1 ? 2 * KV * cb : 0;
-    var body = block.filter(function (t) { return t.stage !== "casts"; }), names = body.map(function (t) { return t.name; });
-    var upTo = function (x) { return bytesOf(body.slice(0, names.indexOf(x) + 1), null); }; // weight copies aside
-    var kept = s.checkpointing ? B * n * C * pb : bytesOf(block, null), castB = bytesOf(block, null) - bytesOf(body, null);
-    var casts = castB ? (s.checkpointing ? (L - 1) * castB : 0) + 2 * C * hs * (cfg.n_head + 2 * cfg.kv_heads) : 0;
-    var g = paramGroups(cfg, K), d = dims(cfg, s, K), acc = s.grad_accum_steps > 1;
-    var att = styleTables(cfg, K).grads_in_block[s.precision].attention;
-    var bwd = [0, L - 1].map(function (l) {
-      return modelLevel + l * kept + upTo("ring log-sum-exp") + poly(att[1], d) + (acc ? pb * Math.max.apply(null, g.block)
-        : pb * sum(g.head) + (L - 1 - l) * pb * sum(g.block) + poly(att[0], d)) + B * n * C * (pb + cb) + 3 * S +
-        n * n + (cfg.kv_heads !== cfg.n_head || up ? 2 * Q * f : 0) + (up ? 2 * Q * f : 0) + (KV + Q) * f + R + held + 2 * KV * f;
-    });
-    return [modelLevel + (L - 1) * kept + casts + upTo("ring v") + 3 * S + n * n + Q * f + 2 * R + held +
-            n * K.bytes.int64, Math.max.apply(null, bwd)];
   }
 
   /* ---- the estimate (memlab.memory.estimator.estimate and step_estimate) ------------ */
@@ -425,13 +171,28 @@
            K.optimizer_impls.filter(function (i) { return i !== "fused"; }).join(", "));
     }
     positiveInt("grad_accum_steps", s.grad_accum_steps);
+    var chunks = s.loss_chunks, tokens = s.batch_size * s.seq_len; // check_loss_chunks
+    if (typeof chunks !== "number" || !Number.isInteger(chunks) || chunks < 1 || chunks > tokens) {
+      fail("loss_chunks must be a whole number from 1 to " + intText(tokens) + ", got " +
+           pyRepr(chunks));
+    }
+    if (typeof s.offload_activations !== "boolean") {
+      fail("offload_activations must be True or False, got " + pyRepr(s.offload_activations));
+    }
   }
 
-  function estimate(cfg0, setting, K) {
+  function estimate(cfg0, setting0, K) {
+    var setting = Object.assign({ loss_chunks: 1, offload_activations: false }, setting0);
     checkSetting(cfg0, setting, K);
     var cfg = Object.assign({}, cfg0, { attention: setting.attention });
     var ranks = checkContextParallel(setting.context_parallel || 1, setting.seq_len); // T/N tokens each
-    var s = Object.assign({}, setting, { checkpointing: !!setting.checkpointing, seq_len: setting.seq_len / ranks });
+    if (ranks > 1 && setting.offload_activations) {
+      fail("context parallelism with activation offloading is not modelled: estimate one of " +
+           "them (context_parallel or offload_activations)");
+    }
+    var s = Object.assign({}, setting, { checkpointing: !!setting.checkpointing,
+                                         seq_len: setting.seq_len / ranks,
+                                         chunked_loss: setting.loss_chunks > 1 }); // the walk's switch
     var precision = s.precision;
     var pb = K.param_bytes[precision];
     var accumulating = s.grad_accum_steps > 1;
@@ -444,7 +205,7 @@
       ? saved.filter(function (t) { return t.scope !== "layer"; }).concat(block) : saved;
     var peaks = activationPeaks(cfg, s, saved, K, block);
     var ring = ranks > 1 ? ringPeaks(cfg, s, block, ranks, bytesOf(saved, "model"), K) : [0, 0];
-    peaks = [Math.max(peaks[0], ring[0]), Math.max(peaks[1], ring[1]), peaks[2]];
+    peaks = [Math.max(peaks[0], ring[0]), Math.max(peaks[1], ring[1]), peaks[2], peaks[3]];
     var A = peaks[2];
     var tokens = 2 * s.batch_size * s.seq_len * K.bytes.int64; // input ids and targets
     // A tied embedding gets two gradients, summed at the very end of the backward pass; with
@@ -490,6 +251,7 @@
       peak_phase: peakPhase,
       phase_peak_bytes: phases,
       breakdown: breakdown,
+      offloaded_bytes: peaks[3], // on the host (the estimate's setup)
     };
   }
 
@@ -625,6 +387,9 @@
         (s.checkpointing ? ", checkpointing" : "") +
         (s.grad_accum_steps > 1 ? ", " + s.grad_accum_steps + " accumulation steps" : "") +
         (s.context_parallel > 1 ? ", one of " + s.context_parallel + " context-parallel ranks" : "") +
+        (s.loss_chunks > 1 ? ", the loss in " + s.loss_chunks + " chunks" : "") +
+        (s.offload_activations ? ", " + amount(est.offloaded_bytes, unit, K) +
+         " of activations offloaded to the host" : "") +
         ", " + s.device + " conventions";
       var phases = {};
       K.phases.forEach(function (p) {
@@ -694,7 +459,8 @@
     });
     var controls = {};
     ["model", "batch_size", "seq_len", "precision", "optimizer", "optimizer_impl", "attention",
-     "checkpointing", "grad_accum_steps", "device", "context_parallel"].forEach(function (k) {
+     "checkpointing", "grad_accum_steps", "device", "context_parallel", "loss_chunks",
+     "offload_activations"].forEach(function (k) {
       controls[k] = q(rootEl, k);
     });
     var pasteText = q(rootEl, "config-text");
@@ -715,6 +481,8 @@
         checkpointing: controls.checkpointing.checked,
         grad_accum_steps: typedInt(controls.grad_accum_steps.value),
         device: controls.device.value, context_parallel: typedInt(controls.context_parallel.value),
+        loss_chunks: typedInt(controls.loss_chunks.value),
+        offload_activations: controls.offload_activations.checked,
       };
     }
 
