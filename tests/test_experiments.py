@@ -20,7 +20,9 @@ def test_registry_names_chapters_and_sizes():
                                       "distributed-accelerate", "checkpointing-costs",
                                       "accumulation", "step-mfu", "offload", "scaling-grid",
                                       "allocator", "estimator-cuda", "tf32", "optimizer-8bit",
-                                      "generation-memory", "step-times"}
+                                      "generation-memory", "step-times", "chunked-loss",
+                                      "activation-offload", "memory-budget", "ring-attention",
+                                      "optimizer-states"}
     for exp in ex.experiments().values():
         assert set(exp.sizes) == {"ci", "full"}
         assert exp.chapter.startswith("chapters/")
