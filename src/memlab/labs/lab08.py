@@ -168,7 +168,7 @@ def head_bytes_by_terms(cfg: ModelConfig, batch_size: int, seq_len: int, precisi
                         fp32_copy: bool = True, gradient_bytes: int | None = 4,
                         gradients: int = 2, vocab: int | None = None,
                         copy_always: bool = False) -> tuple[int, int]:
-    """(forward, backward) bytes of the head and loss, term by term: the right count and slips (chapter: 8).
+    """(forward, backward) bytes of the head and loss, term by term, right or slipped (chapter: 8).
 
     ``gradient_bytes`` None: the compute dtype's; ``vocab`` replaces the config's;
     ``copy_always`` adds an fp32 copy under fp32 too.
@@ -214,7 +214,10 @@ def _which_wrong(got, expected) -> str:
 
 
 def check_head_bytes(answer):
-    """Check a head_bytes(cfg, batch_size, seq_len, precision) function against head_peaks and a trace (chapter: 8)."""
+    """Check a head_bytes(cfg, batch_size, seq_len, precision) function (chapter: 8).
+
+    It is held to head_peaks, and on one case its backward to a trace.
+    """
     if not callable(answer):
         return False, f"answer the function head_bytes itself, got {type(answer).__name__}"
     results, verdict = _answers(answer, HEAD_CASES, head_case_args, "head_bytes")
@@ -330,7 +333,7 @@ def offload_case_args(case: str) -> dict:
 
 @functools.cache
 def measured_offload_step(case: str) -> StepMemory:
-    """One :data:`OFFLOAD_CASES` case's checkpointed step with offloading, on real CPU tensors (chapter: 8)."""
+    """One :data:`OFFLOAD_CASES` case's checkpointed, offloaded step on real CPU tensors (chapter: 8)."""
     args = offload_case_args(case)
     return measure_step(args["cfg"], device="cpu", batch_size=args["batch_size"],
                         seq_len=args["seq_len"], precision=args["precision"],
@@ -344,7 +347,7 @@ def measured_host_bytes(case: str) -> int:
 
 def host_bytes_by_terms(cfg: ModelConfig, batch_size: int, seq_len: int, precision: str, *,
                         blocks: int = 0, element_bytes: int | None = None) -> int:
-    """L x B x T x C x bytes with switches: ``blocks`` added to L, the residual's bytes replaced (chapter: 8).
+    """L x B x T x C x bytes, with ``blocks`` added to L and the residual's bytes replaced (chapter: 8).
 
     The residual stream is fp32 under fp32 and the mixed precisions, bf16 in pure bf16.
     """
@@ -371,7 +374,10 @@ def offload_slips() -> list[tuple[Callable, str]]:
 
 
 def check_offloaded_bytes(answer):
-    """Check an offloaded_bytes(cfg, batch_size, seq_len, precision) function against measured steps (chapter: 8)."""
+    """Check an offloaded_bytes(cfg, batch_size, seq_len, precision) function (chapter: 8).
+
+    It is held to the host bytes of measured steps.
+    """
     if not callable(answer):
         return False, f"answer the function offloaded_bytes itself, got {type(answer).__name__}"
     results, verdict = _answers(answer, OFFLOAD_CASES, offload_case_args, "offloaded_bytes")
@@ -470,7 +476,7 @@ def adafactor_slips() -> list[tuple[Callable, str]]:
 
 
 def check_adafactor_bytes(answer):
-    """Check an adafactor_state_bytes(shapes, param_bytes) function against torch's real state (chapter: 8)."""
+    """Check an adafactor_state_bytes(shapes, param_bytes) function against torch's state (chapter: 8)."""
     if not callable(answer):
         return False, (f"answer the function adafactor_state_bytes itself, got "
                        f"{type(answer).__name__}")
