@@ -16,11 +16,16 @@ from memlab.labs.lab08 import (
     LOSS_JOB,
     MAX_LOSS_CHUNKS,
     OFFLOAD_CASES,
+    RING_CASES,
+    RING_FORMULA_NAME,
+    RING_WORLDS,
     TRACED_HEAD_CASE,
     adafactor_bytes_by_terms,
     adafactor_case_args,
     adafactor_slips,
+    counted_ring_bytes,
     expected_head_bytes,
+    expected_ring_bytes,
     fewest_loss_chunks,
     forward_peak,
     head_bytes_by_terms,
@@ -36,10 +41,14 @@ from memlab.labs.lab08 import (
     offload_case_args,
     offload_slips,
     parameter_shapes,
+    ring_bytes_by_terms,
+    ring_case_args,
+    ring_slips,
     traced_chunked_step,
     traced_head_backward,
     unchunked_step,
 )
+from memlab.longcontext.ring import kv_bytes_sent_per_step
 from memlab.memory.activations import head_peaks
 
 
@@ -57,7 +66,7 @@ def _line(capsys) -> str:
 
 
 def test_the_lab_has_its_exercises():
-    assert get_lab("lab08").ids == ("8.1", "8.2", "8.3", "8.4")
+    assert get_lab("lab08").ids == ("8.1", "8.2", "8.3", "8.4", "8.5")
 
 
 # ------------------------------------------------------------- 8.1 the logits' bytes
@@ -234,7 +243,7 @@ def test_offload_mistakes_get_their_hint(lab, capsys, index, words):
     fn, _ = offload_slips()[index]
     assert lab.check("8.3", fn).status == "not yet"
     line = _line(capsys)
-    assert words in line and "measured cases not right, the first " in line
+    assert words in line and "cases not right, the first " in line
 
 
 def test_offload_slips_differ_from_the_reference_and_each_other():
@@ -300,7 +309,7 @@ def test_adafactor_mistakes_get_their_hint(lab, capsys, index, words):
     fn, _ = adafactor_slips()[index]
     assert lab.check("8.4", fn).status == "not yet"
     line = _line(capsys)
-    assert words in line and "measured cases not right, the first " in line
+    assert words in line and "cases not right, the first " in line
 
 
 def test_adafactor_slips_differ_from_the_reference_and_each_other():
@@ -327,3 +336,71 @@ def test_helpers_refuse_bad_input():
     for fn in (head_case_args, offload_case_args, adafactor_case_args, measured_adafactor_bytes):
         with pytest.raises(MemlabError, match="case"):
             fn("no such case")
+
+
+# ------------------------------------------------------------- 8.5 the ring's traffic
+
+RING_ALL = (*RING_CASES, RING_FORMULA_NAME)
+
+
+def ring_bytes_sent(batch, kv_heads, tokens_per_rank, head_dim, world, value_bytes):  # reference
+    block = batch * kv_heads * tokens_per_rank * head_dim
+    grad = max(value_bytes, 4)
+    hops = world - 1
+    forward = hops * 2 * block * value_bytes
+    backward = hops * 2 * block * (value_bytes + grad) + (2 * block * grad if world > 1 else 0)
+    return forward, backward
+
+
+def test_the_ring_cases_cover_both_dtypes_and_several_worlds():
+    assert {c["dtype"] for c in RING_CASES.values()} == {"fp32", "bf16"}
+    assert len(set(RING_WORLDS.values())) == len(RING_CASES) and set(RING_WORLDS) == set(RING_CASES)
+
+
+def test_the_counted_bytes_are_the_formula():
+    for case in RING_ALL:
+        a = ring_case_args(case)
+        sent = kv_bytes_sent_per_step(a["batch"], a["kv_heads"], a["tokens_per_rank"] * a["world"],
+                                      a["head_dim"], a["world"], a["value_bytes"])
+        assert (expected_ring_bytes(case) == (sent["forward"], sent["backward"])
+                == ring_bytes_by_terms(**a) == ring_bytes_sent(**a))
+    for case in RING_CASES:
+        assert counted_ring_bytes(case) == expected_ring_bytes(case)
+
+
+def test_ring_correct(lab, capsys):
+    assert lab.check("8.5", ring_bytes_sent).ok
+    assert _line(capsys) == "✅ 8.5 correct"
+
+
+@pytest.mark.parametrize(("index", "words"), [
+    (0, "a block makes N - 1 hops"),
+    (1, "one more hop sends them to their owner"),
+    (2, "the gradient accumulators that travel with K and V are fp32"),
+    (3, "both K and V travel"),
+])
+def test_ring_mistakes_get_their_hint(lab, capsys, index, words):
+    fn, _ = ring_slips()[index]
+    assert lab.check("8.5", fn).status == "not yet"
+    line = _line(capsys)
+    assert words in line and "cases not right, the first " in line and "(counted)" in line
+
+
+def test_ring_slips_differ_from_the_reference_and_each_other():
+    fns = [fn for fn, _ in ring_slips()]
+    for fn in fns:
+        assert any(fn(**ring_case_args(c)) != ring_bytes_sent(**ring_case_args(c)) for c in RING_ALL)
+    for a, b in itertools.combinations(fns, 2):
+        assert any(a(**ring_case_args(c)) != b(**ring_case_args(c)) for c in RING_ALL)
+
+
+def test_ring_stub_and_bad_answers(lab, capsys):
+    assert lab.check("8.5", lambda *a: None).status == "not attempted"
+    assert lab.check("8.5", 1).status == "not yet"
+    assert "answer the function ring_bytes_sent itself" in capsys.readouterr().out
+    assert lab.check("8.5", lambda *a: 3).status == "not yet"
+    assert "return two numbers" in capsys.readouterr().out
+    with pytest.raises(MemlabError, match="case"):
+        ring_case_args("no such case")
+    with pytest.raises(MemlabError, match="case"):
+        counted_ring_bytes(RING_FORMULA_NAME)

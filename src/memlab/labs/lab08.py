@@ -18,20 +18,24 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from memlab.errors import MemlabError, check_choice
 from memlab.labs.grader import (
     answer_number,
-    call_learner,
+    answers_on_cases,
+    best_slip,
     close_to,
     define_lab,
     fit_problem,
     merged_slips,
     off_by,
+    two_numbers,
 )
+from memlab.longcontext.context_parallel import fake_ring, ring_rank_bytes
 from memlab.longcontext.optimizers import measured_state_bytes
+from memlab.longcontext.ring import kv_bytes_sent_per_step
 from memlab.measure.step import (
     StepMemory,
     default_dtype,
@@ -84,6 +88,21 @@ ADAFACTOR_CASES = {
 }
 PARAM_BYTES = {"fp32": 4, "bf16": 2}  # what 8.4's cases store their parameters in
 
+# Exercise 8.5: one rank's ring attention over N ranks, one attention layer's forward and
+# backward; the small cases run over a fake process group and count the bytes sent, the last
+# is Llama 3.1 8B's layer at 128k tokens over 8 ranks, by formula.
+RING_CASES = {
+    "4 ranks, fp32": dict(batch=2, heads=4, kv_heads=2, tokens_per_rank=16, head_dim=8,
+                          dtype="fp32"),
+    "2 ranks, bf16": dict(batch=2, heads=4, kv_heads=2, tokens_per_rank=16, head_dim=8,
+                          dtype="bf16"),
+    "8 ranks, bf16": dict(batch=1, heads=4, kv_heads=1, tokens_per_rank=8, head_dim=16,
+                          dtype="bf16"),
+}
+RING_WORLDS = {"4 ranks, fp32": 4, "2 ranks, bf16": 2, "8 ranks, bf16": 8}
+RING_FORMULA_CASE = dict(model="llama3.1-8b", seq_len=131072, world=8, dtype="bf16")
+RING_FORMULA_NAME = "llama3.1-8b, 1 x 131072 over 8 ranks, bf16"
+
 
 def _show(value) -> str:
     if isinstance(value, ModelConfig):
@@ -93,39 +112,39 @@ def _show(value) -> str:
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else repr(value)
 
 
-def _answers(answer: Callable, cases, args_of: Callable, name: str):
-    """The learner's answer on every case, and ``...``; or a verdict already (what it raised, or None)."""
-    results = {}
-    for case in cases:
-        out, raised = call_learner(answer, args_of(case), name, show=_show)
-        if raised:
-            return {}, (False, raised)
-        results[case] = out
-    if all(r is None for r in results.values()):
-        return {}, None
-    return results, ...
-
-
-def _pair(value) -> tuple[float, float] | None:
-    """Two real numbers from a 2-sequence, else None."""
-    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence) or len(value) != 2:
-        return None
-    out = tuple(answer_number(v) for v in value)
-    return None if any(v is None for v in out) else out
-
-
-def _best_slip(wrong: Sequence[tuple[Mapping, object]], slips: Sequence[tuple[Callable, str]],
-               same: Callable[[object, object], bool]) -> str:
-    """The hint of the slip that gives the learner's answer on every wrong case, else on the first."""
-    for fn, hint in slips:
-        if all(same(got, fn(**args)) for args, got in wrong):
-            return hint
-    args, got = wrong[0]
-    return next((hint for fn, hint in slips if same(got, fn(**args))), "")
-
-
 def _same_pair(a, b) -> bool:
     return a is not None and all(close_to(x, y, 1e-12) for x, y in zip(a, b, strict=True))
+
+
+def _same_number(a, b) -> bool:
+    return close_to(a, b, 1e-12)
+
+
+def _check_cases(answer, name: str, cases: Sequence[str], args_of: Callable, expected_of: Callable,
+                 slips: Callable, *, pair: bool, counted: Sequence[str], counted_word: str):
+    """Check a learner's function on every case, exactly: True, or (False, what is wrong)."""
+    if not callable(answer):
+        return False, f"answer the function {name} itself, got {type(answer).__name__}"
+    results, verdict = answers_on_cases(answer, cases, args_of, name, show=_show)
+    if verdict is not ...:
+        return verdict
+    read, same = (two_numbers, _same_pair) if pair else (answer_number, _same_number)
+    wrong = []
+    for case, out in results.items():
+        got = read(out)
+        if got is None:
+            want = "two numbers, (forward, backward) bytes" if pair else "a number of bytes"
+            return False, f"{name} on {case!r} returned {type(out).__name__}: return {want}"
+        if not same(got, expected_of(case)):
+            wrong.append((case, got))
+    if not wrong:
+        return True
+    first, got = wrong[0]
+    hint = best_slip([(args_of(c), g) for c, g in wrong], slips(), same)
+    how = (_which_wrong(got, expected_of(first)) if pair else off_by(got, expected_of(first)))
+    return False, (f"{len(wrong)} of {len(cases)} cases not right, the first {first!r}"
+                   + (f" ({counted_word})" if first in counted else "") + f": {how}"
+                   + (f"; {hint}" if hint else ""))
 
 
 # ------------------------------------------------------------- 8.1 the logits' bytes
@@ -218,27 +237,9 @@ def check_head_bytes(answer):
 
     It is held to head_peaks, and on one case its backward to a trace.
     """
-    if not callable(answer):
-        return False, f"answer the function head_bytes itself, got {type(answer).__name__}"
-    results, verdict = _answers(answer, HEAD_CASES, head_case_args, "head_bytes")
-    if verdict is not ...:
-        return verdict
-    wrong = []
-    for case, out in results.items():
-        got = _pair(out)
-        if got is None:
-            return False, (f"head_bytes on {case!r} returned {type(out).__name__}: return two "
-                           "numbers, (forward, backward) bytes")
-        expected = expected_head_bytes(case)
-        if not _same_pair(got, expected):
-            wrong.append((case, got, expected))
-    if not wrong:
-        return True
-    first, got, expected = wrong[0]
-    hint = _best_slip([(head_case_args(c), g) for c, g, _ in wrong], head_slips(), _same_pair)
-    traced = " (its backward traced)" if first == TRACED_HEAD_CASE else ""
-    return False, (f"{len(wrong)} of {len(HEAD_CASES)} cases not right, the first {first!r}"
-                   f"{traced}: {_which_wrong(got, expected)}" + (f"; {hint}" if hint else ""))
+    return _check_cases(answer, "head_bytes", tuple(HEAD_CASES), head_case_args,
+                        expected_head_bytes, head_slips, pair=True, counted=(TRACED_HEAD_CASE,),
+                        counted_word="its backward traced")
 
 
 # ------------------------------------------------------------------ 8.2 loss chunks
@@ -378,27 +379,9 @@ def check_offloaded_bytes(answer):
 
     It is held to the host bytes of measured steps.
     """
-    if not callable(answer):
-        return False, f"answer the function offloaded_bytes itself, got {type(answer).__name__}"
-    results, verdict = _answers(answer, OFFLOAD_CASES, offload_case_args, "offloaded_bytes")
-    if verdict is not ...:
-        return verdict
-    wrong = []
-    for case, out in results.items():
-        got = answer_number(out)
-        if got is None:
-            return False, (f"offloaded_bytes on {case!r} returned {type(out).__name__}: return "
-                           "a number of bytes")
-        if not close_to(got, measured_host_bytes(case), 1e-12):
-            wrong.append((case, got))
-    if not wrong:
-        return True
-    first, got = wrong[0]
-    hint = _best_slip([(offload_case_args(c), g) for c, g in wrong], offload_slips(),
-                      lambda a, b: close_to(a, b, 1e-12))
-    return False, (f"{len(wrong)} of {len(OFFLOAD_CASES)} measured cases not right, the first "
-                   f"{first!r}: {off_by(got, measured_host_bytes(first))}"
-                   + (f"; {hint}" if hint else ""))
+    return _check_cases(answer, "offloaded_bytes", tuple(OFFLOAD_CASES), offload_case_args,
+                        measured_host_bytes, offload_slips, pair=False,
+                        counted=tuple(OFFLOAD_CASES), counted_word="measured")
 
 
 # --------------------------------------------------------------- 8.4 Adafactor's state
@@ -477,29 +460,91 @@ def adafactor_slips() -> list[tuple[Callable, str]]:
 
 def check_adafactor_bytes(answer):
     """Check an adafactor_state_bytes(shapes, param_bytes) function against torch's state (chapter: 8)."""
-    if not callable(answer):
-        return False, (f"answer the function adafactor_state_bytes itself, got "
-                       f"{type(answer).__name__}")
-    results, verdict = _answers(answer, ADAFACTOR_CASES, adafactor_case_args,
-                                "adafactor_state_bytes")
-    if verdict is not ...:
-        return verdict
-    wrong = []
-    for case, out in results.items():
-        got = answer_number(out)
-        if got is None:
-            return False, (f"adafactor_state_bytes on {case!r} returned {type(out).__name__}: "
-                           "return a number of bytes")
-        if not close_to(got, measured_adafactor_bytes(case), 1e-12):
-            wrong.append((case, got))
-    if not wrong:
-        return True
-    first, got = wrong[0]
-    hint = _best_slip([(adafactor_case_args(c), g) for c, g in wrong], adafactor_slips(),
-                      lambda a, b: close_to(a, b, 1e-12))
-    return False, (f"{len(wrong)} of {len(ADAFACTOR_CASES)} measured cases not right, the first "
-                   f"{first!r}: {off_by(got, measured_adafactor_bytes(first))}"
-                   + (f"; {hint}" if hint else ""))
+    return _check_cases(answer, "adafactor_state_bytes", tuple(ADAFACTOR_CASES),
+                        adafactor_case_args, measured_adafactor_bytes, adafactor_slips,
+                        pair=False, counted=tuple(ADAFACTOR_CASES), counted_word="measured")
+
+
+# ------------------------------------------------------------- 8.5 the ring's traffic
+
+
+def ring_case_args(case: str) -> dict:
+    """Exercise 8.5's arguments of a case (chapter: 8).
+
+    batch, kv_heads, tokens_per_rank, head_dim, world, value_bytes.
+    """
+    if case == RING_FORMULA_NAME:
+        c = RING_FORMULA_CASE
+        cfg = get_config(c["model"])
+        return dict(batch=1, kv_heads=cfg.kv_heads, tokens_per_rank=c["seq_len"] // c["world"],
+                    head_dim=cfg.head_dim, world=c["world"], value_bytes=PARAM_BYTES[c["dtype"]])
+    check_choice("case", case, (*RING_CASES, RING_FORMULA_NAME))
+    c = RING_CASES[case]
+    return dict(batch=c["batch"], kv_heads=c["kv_heads"], tokens_per_rank=c["tokens_per_rank"],
+                head_dim=c["head_dim"], world=RING_WORLDS[case],
+                value_bytes=PARAM_BYTES[c["dtype"]])
+
+
+@functools.cache
+def counted_ring_bytes(case: str) -> tuple[int, int]:
+    """(forward, backward) bytes rank 0 sends, counted by ring attention over a fake group (chapter: 8)."""
+    check_choice("case", case, RING_CASES)
+    with fake_ring(RING_WORLDS[case]):
+        sent = ring_rank_bytes(**RING_CASES[case])["bytes_sent"]
+    return sent["forward"], sent["backward"]
+
+
+def expected_ring_bytes(case: str) -> tuple[int, int]:
+    """What exercise 8.5 expects: the counted bytes, or the formula for the large case (chapter: 8)."""
+    if case in RING_CASES:
+        return counted_ring_bytes(case)
+    a = ring_case_args(case)
+    sent = kv_bytes_sent_per_step(a["batch"], a["kv_heads"], a["tokens_per_rank"] * a["world"],
+                                  a["head_dim"], a["world"], a["value_bytes"])
+    return sent["forward"], sent["backward"]
+
+
+def ring_bytes_by_terms(batch: int, kv_heads: int, tokens_per_rank: int, head_dim: int,
+                        world: int, value_bytes: int, *, hops: int = -1, home: bool = True,
+                        grad_bytes: int | None = None, tensors: int = 2) -> tuple[int, int]:
+    """(forward, backward) bytes one rank sends, with switches: the right count and slips (chapter: 8).
+
+    ``hops`` is added to N for the hops a block travels; ``home`` sends the gradients home;
+    ``grad_bytes`` replaces the accumulators' (fp32 at least); ``tensors`` K and V, or one.
+    """
+    block = batch * kv_heads * tokens_per_rank * head_dim
+    gb = max(value_bytes, 4) if grad_bytes is None else grad_bytes
+    n = world + hops
+    if world == 1:
+        return 0, 0
+    fwd = n * tensors * block * value_bytes
+    bwd = n * tensors * block * (value_bytes + gb) + (tensors * block * gb if home else 0)
+    return fwd, bwd
+
+
+def ring_slips() -> list[tuple[Callable, str]]:
+    """Typical wrong ring_bytes_sent functions, each with its hint (chapter: 8)."""
+    def slip(**kw):
+        return lambda batch, kv_heads, tokens_per_rank, head_dim, world, value_bytes: (
+            ring_bytes_by_terms(batch, kv_heads, tokens_per_rank, head_dim, world, value_bytes,
+                                **kw))
+
+    return [
+        (slip(hops=0), "a block makes N - 1 hops: after them every rank has seen every block, "
+                       "its own included"),
+        (slip(home=False), "after the last hop the gradients of K and V are one rank short of "
+                           "home: one more hop sends them to their owner"),
+        (slip(grad_bytes=2), "the gradient accumulators that travel with K and V are fp32, "
+                             "whatever the values' dtype"),
+        (slip(tensors=1), "both K and V travel, and both of their gradients"),
+    ]
+
+
+def check_ring_bytes(answer):
+    """Check a ring_bytes_sent(...) function against the bytes ring attention sent (chapter: 8)."""
+    return _check_cases(answer, "ring_bytes_sent", (*RING_CASES, RING_FORMULA_NAME),
+                        ring_case_args, expected_ring_bytes, ring_slips, pair=True,
+                        counted=tuple(RING_CASES), counted_word="counted")
 
 
 lab = define_lab("lab08", "Long context and large vocabularies")
@@ -528,4 +573,10 @@ lab.exercise(
     "an adafactor_state_bytes(shapes, param_bytes) function giving torch.optim.Adafactor's "
     "state bytes after one step",
     check=check_adafactor_bytes,
+)
+lab.exercise(
+    "8.5",
+    "a ring_bytes_sent(batch, kv_heads, tokens_per_rank, head_dim, world, value_bytes) function "
+    "giving the bytes one rank sends in one attention layer's forward and backward passes",
+    check=check_ring_bytes,
 )
