@@ -40,7 +40,7 @@ import numbers
 import os
 import pkgutil
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -546,6 +546,47 @@ def fit_problem(count: int, expected: int, *, budget: int, peak: Callable[[int],
     why = (over.format(count=count, peak=traced, budget=budget) if traced > budget
            else under.format(count=count))
     return why + (f": {hint}" if hint else "")
+
+
+def answers_on_cases(answer: Callable, cases: Iterable[str], args_of: Callable[[str], Mapping],
+                     name: str, show: Callable[[Any], str] = repr) -> tuple[dict, Any]:
+    """A learner's function called on every case: its outputs and ``...`` (chapters: 7, 8).
+
+    Or ``({}, verdict)`` when it raised on one (``(False, what it raised)``), or ``({}, None)``
+    when it returned None everywhere (not attempted).
+    """
+    results = {}
+    for case in cases:
+        out, raised = call_learner(answer, args_of(case), name, show=show)
+        if raised:
+            return {}, (False, raised)
+        results[case] = out
+    if all(r is None for r in results.values()):
+        return {}, None
+    return results, ...
+
+
+def two_numbers(value: Any) -> tuple[float, float] | None:
+    """Two real numbers from a 2-sequence, else None (chapters: 7, 8)."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence) or len(value) != 2:
+        return None
+    out = tuple(answer_number(v) for v in value)
+    return None if any(v is None for v in out) else out
+
+
+def best_slip(wrong: Sequence[tuple[Mapping, Any]], slips: Iterable[tuple[Callable, str]],
+              same: Callable[[Any, Any], bool]) -> str:
+    """The hint of the slip that gives every wrong case's answer, else the first's (chapters: 7, 8).
+
+    ``wrong`` holds (the case's arguments, the learner's answer); ``slips`` (a wrong function,
+    its hint); ``same`` says whether two answers agree.
+    """
+    slips = list(slips)
+    for fn, hint in slips:
+        if all(same(got, fn(**args)) for args, got in wrong):
+            return hint
+    args, got = wrong[0]
+    return next((hint for fn, hint in slips if same(got, fn(**args))), "")
 
 
 def answer_tensor(value: Any):

@@ -26,12 +26,14 @@ from memlab.compute.plan import MemoryPlan, PlanRow, plan_training
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.labs.grader import (
     answer_number,
-    call_learner,
+    answers_on_cases,
+    best_slip,
     close_to,
     define_lab,
     fit_problem,
     merged_slips,
     off_by,
+    two_numbers,
 )
 from memlab.measure.step import StepMemory, trace_step
 from memlab.memory.activations import saved_tensors
@@ -94,40 +96,6 @@ def _show(value) -> str:
     if isinstance(value, MemoryPlan):
         return f"<plan for {value.model} on {value.gpu}>"
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else repr(value)
-
-
-def _answers(answer: Callable, cases, args_of: Callable, name: str):
-    """The learner's answer on every case, and ``...``; or a verdict already.
-
-    The verdict is what it raised, or None (not attempted: None everywhere).
-    """
-    results = {}
-    for case in cases:
-        out, raised = call_learner(answer, args_of(case), name, show=_show)
-        if raised:
-            return {}, (False, raised)
-        results[case] = out
-    if all(r is None for r in results.values()):
-        return {}, None
-    return results, ...
-
-
-def _pair(value) -> tuple[float, float] | None:
-    """Two real numbers from a 2-sequence, else None."""
-    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence) or len(value) != 2:
-        return None
-    out = tuple(answer_number(v) for v in value)
-    return None if any(v is None for v in out) else out
-
-
-def _best_slip(wrong: Sequence[tuple[Mapping, object]], slips: Sequence[tuple[Callable, str]],
-               same: Callable[[object, object], bool]) -> str:
-    """The hint of the slip that gives the learner's answer on every wrong case, else on the first."""
-    for fn, hint in slips:
-        if all(same(got, fn(**args)) for args, got in wrong):
-            return hint
-    args, got = wrong[0]
-    return next((hint for fn, hint in slips if same(got, fn(**args))), "")
 
 
 # ------------------------------------------------------------ 7.1 FLOPs from the config
@@ -256,12 +224,13 @@ def check_step_flops(answer, rtol: float = FLOP_RTOL):
     if not callable(answer):
         return False, (f"answer the function step_flops_from_config itself, got "
                        f"{type(answer).__name__}")
-    results, verdict = _answers(answer, FLOP_CASES, flop_case_args, "step_flops_from_config")
+    results, verdict = answers_on_cases(answer, FLOP_CASES, flop_case_args, "step_flops_from_config",
+                                        show=_show)
     if verdict is not ...:
         return verdict
     wrong = []
     for case, out in results.items():
-        got = _pair(out)
+        got = two_numbers(out)
         if got is None:
             return False, (f"step_flops_from_config on {case!r} returned {type(out).__name__}: "
                            "return two numbers, (forward, backward) FLOPs")
@@ -271,8 +240,8 @@ def check_step_flops(answer, rtol: float = FLOP_RTOL):
     if not wrong:
         return True
     first, got, expected = wrong[0]
-    hint = _best_slip([(flop_case_args(c), g) for c, g, _ in wrong], flop_slips(),
-                      lambda a, b: _same_pair(a, b, rtol))
+    hint = best_slip([(flop_case_args(c), g) for c, g, _ in wrong], flop_slips(),
+                     lambda a, b: _same_pair(a, b, rtol))
     counted = " (counted by FlopCounterMode)" if first == COUNTED_CASE else ""
     return False, (f"{len(wrong)} of {len(FLOP_CASES)} cases not right, the first {first!r}"
                    f"{counted}: {_which_wrong(got, expected, rtol, ('forward', 'backward'))}"
@@ -417,13 +386,14 @@ def check_every_k(answer, rtol: float = FLOP_RTOL):
     """
     if not callable(answer):
         return False, f"answer the function every_k_prediction itself, got {type(answer).__name__}"
-    results, verdict = _answers(answer, EVERY_K_CASES, every_k_args, "every_k_prediction")
+    results, verdict = answers_on_cases(answer, EVERY_K_CASES, every_k_args, "every_k_prediction",
+                                        show=_show)
     if verdict is not ...:
         return verdict
     wrong = {0: [], 1: []}  # by element: saved bytes, recomputed FLOPs
     first = None
     for case, out in results.items():
-        got = _pair(out)
+        got = two_numbers(out)
         if got is None:
             return False, (f"every_k_prediction on {case!r} returned {type(out).__name__}: "
                            "return two numbers, (saved activation bytes, extra FLOPs)")
@@ -437,12 +407,12 @@ def check_every_k(answer, rtol: float = FLOP_RTOL):
     if first is None:
         return True
     n_wrong = sum(1 for case, out in results.items()
-                  if not _same_pair(_pair(out), reference_every_k(**every_k_args(case)), rtol))
+                  if not _same_pair(two_numbers(out), reference_every_k(**every_k_args(case)), rtol))
     parts = []
     for i, (name, slips, tol) in enumerate((("saved bytes", every_k_byte_slips(), 1e-12),
                                             ("extra FLOPs", every_k_flop_slips(), rtol))):
         if wrong[i]:
-            hint = _best_slip(wrong[i], slips, lambda a, b, tol=tol: close_to(a, b, tol))
+            hint = best_slip(wrong[i], slips, lambda a, b, tol=tol: close_to(a, b, tol))
             if not hint:
                 args, got = wrong[i][0]
                 hint = f"the first {off_by(got, reference_every_k(**args)[i])}"
@@ -670,7 +640,8 @@ def check_setup(answer):
     """
     if not callable(answer):
         return False, f"answer the function pick_setup itself, got {type(answer).__name__}"
-    results, verdict = _answers(answer, PLAN_CASES, plan_case_args, "pick_setup")
+    results, verdict = answers_on_cases(answer, PLAN_CASES, plan_case_args, "pick_setup",
+                                        show=_show)
     if verdict is not ...:
         return verdict
     wrong = []
