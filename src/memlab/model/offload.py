@@ -8,14 +8,15 @@ through these hooks, while the tensors inside a unit go to the checkpoint's own 
 moves is exactly those inputs: L x B x T x C elements of the activation dtype. Without
 checkpointing it is every tensor the blocks save.
 
-This is PyTorch's ``torch.autograd.graph.save_on_cpu`` with three differences, as in the
-offloading of torchtune and TRL (``OffloadActivations``): a parameter saved for the backward
-pass (a linear layer's weight: a leaf that requires a gradient) stays where it is, since it lives
-on the device anyway and copying it would move the whole model every step; a tensor saved by several operations is copied
-once; and a tensor copied back is shared by the operations that need it while it is alive. Copies are
-made per storage: views of one storage (q, k and v cut from one projection) share one.
-:func:`memlab.model.offload` is held to ``save_on_cpu`` in the tests: the same gradients, and
-``save_on_cpu``'s bytes less the parameters'.
+This is PyTorch's ``torch.autograd.graph.save_on_cpu`` with two differences. A parameter saved
+for the backward pass (a linear layer's weight: a leaf that requires a gradient, or a view of
+one) stays where it is, since it lives on the device anyway and copying it would move the whole
+model every step; torchtune's ``OffloadActivations`` (which TRL adapts) leaves parameters too, and
+also tensors under 1 KiB. And copies are made per storage: views of one storage (q, k and v cut
+from one projection) share one copy, and a copy brought back is shared by the operations that
+read it while it is alive. The copies run in line; torchtune's run on a second CUDA stream, so
+they overlap the computation. :class:`ActivationOffload` is held to ``save_on_cpu`` in the tests:
+the same loss and gradients.
 
 Where the host copy lives depends on where the step runs:
 
