@@ -208,6 +208,9 @@ def _plan_options(p: argparse.ArgumentParser) -> None:
                    help="comma-separated: full, lora, qlora (default: all three)")
     p.add_argument("--gpus", default=None,
                    help="comma-separated GPU counts to try (default: powers of two up to 1024)")
+    p.add_argument("--optimizers", default="adamw",
+                   help="comma-separated optimizers full training may use: adamw (default), "
+                        "adam, adamw-8bit, adamw-bf16-moments, adafactor")
     p.add_argument("--mfu", type=float, default=0.4,
                    help="assumed model FLOPs utilisation for the time estimate (default 0.4)")
     p.add_argument("--host-link", default="pcie4-x16",
@@ -237,7 +240,8 @@ def _cmd_plan(args) -> int:
         raise MemlabError(f"--limit must be 0 (all) or a positive number of rows, got {args.limit}")
     plan = plan_training(get_config(args.model), args.gpu, global_batch=args.global_batch,
                          seq_len=args.seq_len, trains=trains, gpu_counts=counts, mfu=args.mfu,
-                         host_link_name=args.host_link)
+                         host_link_name=args.host_link, optimizers=tuple(
+                             o.strip() for o in args.optimizers.split(",") if o.strip()))
     if args.json:
         print(json.dumps(plan.as_dict()))
     else:
@@ -374,8 +378,7 @@ def _flops_json(result, mode: str, spec) -> dict:
                     flops_source="counted (torch.utils.flop_counter.FlopCounterMode)")
     from memlab.compute.flops import ATTENTION_BACKWARD, step_flops
 
-    if (spec.attention not in ATTENTION_BACKWARD or spec.prepare is not None
-            or spec.loss_chunks != 1):
+    if spec.attention not in ATTENTION_BACKWARD or spec.prepare is not None:
         return {}  # the book's FlashAttention and fine-tuning set-ups: counted by a trace only
     f = step_flops(spec)
     return dict(flops=f.total, flops_by_phase=dict(forward=f.forward, backward=f.backward,
@@ -529,11 +532,12 @@ def _cmd_sharded(args) -> int:
     if finetune:
         raise MemlabError(f"{flag} with {finetune[0]}: sharding a fine-tuning set-up is not "
                           f"modelled; {flag} estimates a full training step")
-    for option, on in (("--loss-chunks", args.loss_chunks != 1),
-                       ("--offload-activations", args.offload_activations)):
-        if on:
-            raise MemlabError(f"{flag} with {option}: the sharded estimate does not model it "
-                              f"yet; estimate one GPU's step without {flag}, or drop {option}")
+    stage_levers = [o for o, on in (("--loss-chunks", args.loss_chunks != 1),
+                                    ("--offload-activations", args.offload_activations)) if on]
+    if stage_levers and args.zero_stage is not None and args.zero_stage in (2, 3):
+        raise MemlabError(f"--zero-stage {args.zero_stage} with {stage_levers[0]} is not modelled "
+                          f"(FSDP gathers the root around the head and the blocks under the "
+                          f"hooks); accepted with it: --zero-stage 0 or 1")
     stage = 0 if args.zero_stage is None else check_stage(args.zero_stage)
     if args.gpus is None:
         raise MemlabError("--zero-stage needs --gpus N, the number of data-parallel GPUs")
@@ -543,7 +547,8 @@ def _cmd_sharded(args) -> int:
                     precision=args.precision or "fp32", optimizer=args.optimizer or "adamw",
                     optimizer_impl=args.optimizer_impl or "foreach",
                     checkpointing=args.checkpointing, grad_accum_steps=args.grad_accum,
-                    attention=args.attention)
+                    attention=args.attention, loss_chunks=args.loss_chunks,
+                    offload_activations=args.offload_activations)
     est = estimate_sharded(spec, zero_stage=stage, gpus=gpus, offload=offload, device=args.device,
                            layout=args.layout)
     if args.json:

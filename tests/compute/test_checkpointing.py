@@ -154,6 +154,17 @@ def test_step_flops_is_the_counters_count(model, attention, plan, early_stop, ac
     assert (f.forward, f.backward, 0) == (c["forward"], c["backward"], c["optimizer"])
 
 
+@pytest.mark.parametrize("model, chunks, plan", [("tiny", 4, "none"), ("tiny-gpt2", 3, "full"),
+                                                 ("tiny", 5, "selective")])
+def test_the_chunked_loss_counts_the_heads_forward_again(model, chunks, plan):
+    spec = StepSpec(model, batch_size=2, seq_len=16, checkpointing=plan, loss_chunks=chunks)
+    f, c = step_flops(spec), counted_flops(spec)
+    assert (f.forward, f.backward) == (c["forward"], c["backward"])
+    whole = step_flops(StepSpec(model, batch_size=2, seq_len=16, checkpointing=plan))
+    assert f.recompute - whole.recompute == 2 * 2 * 16 * get_config(model).d_model \
+        * get_config(model).vocab_size
+
+
 def test_early_stop_skips_the_last_linear_of_each_unit():
     spec = StepSpec("gpt2", batch_size=1, seq_len=64, checkpointing=True)
     none = step_flops(StepSpec("gpt2", batch_size=1, seq_len=64))

@@ -34,7 +34,7 @@ def test_every_row_fits_and_the_rows_are_cheapest_first(small_plan):
     costs = [r.gpu_seconds for r in rows]
     assert costs == sorted(costs)
     for r in rows:
-        assert r.gpus * r.micro_batch * r.grad_accum == 16
+        assert r.data_parallel * r.micro_batch * r.grad_accum == 16
         assert r.step_s == pytest.approx(r.compute_s + r.comm_s + r.offload_s + r.cpu_step_s
                                          + r.dequant_s)
     # Plain data parallelism on one GPU does not fit: the planner had to shard or adapt.
@@ -70,6 +70,7 @@ def test_the_plans_choices_are_held_to_traces(small_plan):
             peak = trace_step("gpt2", batch_size=r.micro_batch, seq_len=512,
                               precision=r.precision, checkpointing=r.checkpointing,
                               offload_activations=r.offload == "activations",
+                              loss_chunks=r.loss_chunks,
                               prepare=Setup("lora", lora=lora)).peak_bytes
         else:
             continue
@@ -208,3 +209,64 @@ def test_bad_input_is_one_line(args, message):
     proc = _cli(*[x for kv in base.items() for x in kv])
     assert proc.returncode == 2
     assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+# Chapter 8's levers in the plan ------------------------------------------------------------------
+def test_the_chunked_loss_is_listed_only_where_it_fits_more(small_plan):
+    chunked = [r for r in small_plan.rows if r.loss_chunks > 1]
+    assert chunked
+    for r in chunked:
+        twins = [w for w in small_plan.rows if w.loss_chunks == 1 and (
+            w.trains, w.optimizer, w.zero_stage, w.offload, w.checkpointing, w.context_parallel)
+            == (r.trains, r.optimizer, r.zero_stage, r.offload, r.checkpointing,
+                r.context_parallel)]
+        assert all((w.gpus, -w.micro_batch) > (r.gpus, -r.micro_batch) for w in twins), r.label
+        assert r.zero_stage in (0, 1) or r.trains != "full"
+
+
+def test_a_ring_row_is_one_ranks_step_held_to_the_rings_trace(small_plan):
+    from memlab.longcontext.context_parallel import trace_context_parallel
+
+    ringed = [r for r in small_plan.rows if r.context_parallel > 1]
+    assert ringed and all(r.trains == "full" and r.zero_stage in (0, 1) for r in ringed)
+    r = ringed[0]
+    kw = dict(batch_size=r.micro_batch, seq_len=512, precision=r.precision,
+              checkpointing=r.checkpointing)
+    assert r.per_gpu_peak_bytes == estimate_sharded(
+        "gpt2", zero_stage=r.zero_stage, gpus=r.gpus, context_parallel=r.context_parallel,
+        device="cpu", **kw).per_gpu_peak_bytes
+    # The same rank with the model states whole (ZeRO-0), estimated and traced over the ring.
+    whole = estimate_sharded("gpt2", zero_stage=0, gpus=r.context_parallel, device="cpu",
+                             context_parallel=r.context_parallel, **kw).per_gpu_peak_bytes
+    traced = trace_context_parallel("gpt2", ranks=r.context_parallel, **kw).peak_bytes
+    assert whole == pytest.approx(traced, rel=0.03)
+    # The ring's keys and values are part of the communication's seconds.
+    plain = step_cost("gpt2", SMALL_GPU, trains="full", zero_stage=r.zero_stage, gpus=r.gpus,
+                      micro_batch=r.micro_batch, grad_accum=r.grad_accum, seq_len=512,
+                      checkpointing=r.checkpointing)
+    assert r.comm_s > plain.comm_s
+
+
+def test_long_sequences_fit_only_in_rings_or_chunks():
+    plan = plan_training("llama3.1-8b", "H100", global_batch=16, seq_len=131072,
+                         trains=("full",))
+    assert plan.rows and all(r.context_parallel > 1 for r in plan.rows)
+    assert "Context parallelism's cheapest set-up" in plan.reading()
+
+
+def test_optimizers_are_tried_when_named_and_offload_keeps_adam():
+    plan = plan_training("gpt2", SMALL_GPU, global_batch=16, seq_len=512, gpu_counts=(1, 2, 4),
+                         trains=("full",), device="cpu",
+                         optimizers=("adamw", "adafactor", "adamw-bf16-moments"))
+    used = {r.optimizer for r in plan.rows}
+    assert used == {"adamw", "adafactor", "adamw-bf16-moments"}
+    assert all(r.offload == "none" for r in plan.rows if r.optimizer != "adamw")
+    # Adafactor's states are smaller: on the same set-up its peak is no higher than AdamW's.
+    by = {(r.optimizer, r.zero_stage, r.gpus, r.checkpointing, r.loss_chunks,
+           r.context_parallel, r.micro_batch): r for r in plan.rows if r.offload == "none"}
+    pairs = [(by[k], by[("adamw", *k[1:])]) for k in by
+             if k[0] == "adafactor" and ("adamw", *k[1:]) in by]
+    assert pairs and all(a.per_gpu_peak_bytes < w.per_gpu_peak_bytes for a, w in pairs)
+    assert "with adafactor" in next(r.label for r in plan.rows if r.optimizer == "adafactor")
+    with pytest.raises(MemlabError, match="unknown optimizer 'sgd'; accepted: adamw"):
+        plan_training("gpt2", SMALL_GPU, global_batch=16, seq_len=512, optimizers=("sgd",))

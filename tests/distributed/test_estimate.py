@@ -196,3 +196,87 @@ def test_another_layout_is_named_and_refused_where_it_does_not_apply():
     assert mixed.setup["compute_precision"] == "bf16"  # a 16-bit working copy: no autocast
     with pytest.raises(MemlabError, match="layout 'mixed' with precision fp32; accepted: fp32"):
         estimate_sharded("tiny", zero_stage=1, gpus=2, layout="mixed", **SMALL)
+
+
+# Other optimizers keep their state over each rank's shard (chapter 8's optimizers at
+# chapter 6's stages), on small configs drawn at random.
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("optimizer", ["adamw-bf16-moments", "adafactor"])
+def test_other_optimizers_shard_their_state_as_the_trace_does(seed, optimizer, random_step):
+    traced = pytest.importorskip("memlab.distributed.traced")
+    cfg, step = random_step(seed, checkpointing=[False, True])
+    precision = "bf16-mixed" if step.pop("precision") != "fp32" else "fp32"
+    stage, gpus = (3, 2 + seed) if seed % 2 == 0 else (2, 2 + seed)
+    if stage == 2:
+        step["checkpointing"] = False  # FSDP2 frees more than ZeRO-2 with it (TRACE_CASES)
+    trace = traced.trace_sharded(cfg, gpus, reshard_after_forward=stage == 3,
+                                 precision=precision, optimizer=optimizer, **step)
+    est = estimate_sharded(cfg, zero_stage=stage, gpus=gpus, precision=precision,
+                           optimizer=optimizer, device="cpu", **step)
+    assert est.per_gpu_peak_bytes == pytest.approx(trace.peak_bytes, rel=0.03), (cfg, step)
+    if stage == 3:  # (stage 2's estimate counts the working copy ZeRO-2 keeps, too)
+        # every tensor padded to a multiple of the ranks in the trace, the whole in the estimate
+        assert est.per_gpu_model_state_bytes == pytest.approx(trace.model_state_bytes, rel=1e-3)
+    assert trace.optimizer == optimizer
+
+
+def test_offloading_and_unmodelled_optimizers_are_refused_in_one_line():
+    with pytest.raises(MemlabError, match="accepted with offload: adamw, adam"):
+        estimate_sharded("tiny", zero_stage=2, gpus=4, offload="optimizer",
+                         optimizer="adafactor", **SMALL)
+    with pytest.raises(MemlabError, match="optimizer 'sgd'; accepted: adamw"):
+        estimate_sharded("tiny", zero_stage=2, gpus=4, optimizer="sgd", **SMALL)
+
+
+def test_8bit_adamw_over_shards_counts_blocks_of_each_shard():
+    from memlab.distributed.estimate import shard_shapes
+    from memlab.memory.estimator import param_shapes, state_bytes
+
+    cfg = get_config("llama2-7b")
+    one = estimate_sharded(cfg, zero_stage=0, gpus=1, optimizer="adamw-8bit", precision="bf16-mixed",
+                           batch_size=1, seq_len=512)
+    assert one.base.optimizer_states_bytes == state_bytes(param_shapes(cfg), 4, "adamw-8bit")
+    eight = estimate_sharded(cfg, zero_stage=3, gpus=8, optimizer="adamw-8bit",
+                             precision="bf16-mixed", batch_size=1, seq_len=512)
+    shards = state_bytes(shard_shapes(param_shapes(cfg), 8), 4, "adamw-8bit")
+    assert eight.phase_breakdown["optimizer"]["optimizer_states"] == shards
+
+
+# Stages 0 and 1 keep one GPU's activation side: the chunked loss and activation offloading
+# there are the one-GPU estimate's, held to traces in tests/memory and tests/longcontext.
+@pytest.mark.parametrize("switches", [dict(loss_chunks=4), dict(offload_activations=True),
+                                      dict(offload_activations=True, checkpointing=True,
+                                           loss_chunks=3)])
+def test_stage_0_and_1_keep_the_one_gpu_activation_side_of_the_levers(switches):
+    from memlab.memory.estimator import estimate
+
+    kw = dict(batch_size=2, seq_len=128, precision="bf16-mixed", device="cpu") | switches
+    one = estimate("tiny", **kw)
+    assert estimate_sharded("tiny", zero_stage=0, gpus=1, **kw).per_gpu_peak_bytes \
+        == one.peak_bytes
+    plain = estimate_sharded("tiny", zero_stage=1, gpus=4, **(kw | dict(
+        loss_chunks=1, offload_activations=False)))
+    lever = estimate_sharded("tiny", zero_stage=1, gpus=4, **kw)
+    assert lever.per_gpu_peak_bytes < plain.per_gpu_peak_bytes
+    with pytest.raises(MemlabError, match="at ZeRO stage 3 is not modelled"):
+        estimate_sharded("tiny", zero_stage=3, gpus=4, **kw)
+
+
+def test_context_parallel_ranks_share_the_model_states_of_their_data_parallel_group():
+    from memlab.memory.estimator import estimate
+
+    kw = dict(batch_size=1, seq_len=128, precision="bf16-mixed", device="cpu")
+    for ckpt in (False, True):
+        one = estimate("tiny", context_parallel=4, checkpointing=ckpt, **kw)
+        ring = estimate_sharded("tiny", zero_stage=0, gpus=4, context_parallel=4,
+                                checkpointing=ckpt, **kw)
+        assert ring.phase_peak_bytes == one.phase_peak_bytes
+        zero1 = estimate_sharded("tiny", zero_stage=1, gpus=8, context_parallel=4,
+                                 checkpointing=ckpt, **kw)
+        # the optimizer's states split over all 8 ranks, the activation side one ring rank's
+        assert zero1.phase_peak_bytes["optimizer"] < ring.phase_peak_bytes["optimizer"]
+        assert zero1.base.saved_activations_bytes == one.saved_activations_bytes
+    with pytest.raises(MemlabError, match="context_parallel 4 must divide gpus 6"):
+        estimate_sharded("tiny", zero_stage=1, gpus=6, context_parallel=4, **kw)
+    with pytest.raises(MemlabError, match="context_parallel at ZeRO stage 2 is not modelled"):
+        estimate_sharded("tiny", zero_stage=2, gpus=8, context_parallel=4, **kw)

@@ -48,8 +48,8 @@ from memlab.labs.lab08 import (
     traced_head_backward,
     unchunked_step,
 )
-from memlab.longcontext.ring import kv_bytes_sent_per_step
 from memlab.memory.activations import head_peaks
+from memlab.memory.context import kv_bytes_sent_per_step
 
 
 @pytest.fixture

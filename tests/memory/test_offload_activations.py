@@ -54,7 +54,8 @@ def test_cli_refuses_offload_where_it_is_not_modelled(cli_error):
     base = ["estimate", "--model", "tiny", "--batch-size", "2", "--seq-len", "64",
             "--offload-activations"]
     cli_error([*base, "--inference"], "--offload-activations is for a training step")
-    cli_error([*base, "--zero-stage", "2", "--gpus", "4"], "--zero-stage with --offload-activations")
+    cli_error([*base, "--zero-stage", "2", "--gpus", "4"],
+              "--zero-stage 2 with --offload-activations is not modelled")
     cli_error([*base, "--lora-rank", "4"], "memlab trace", "or add checkpointing")
 
 

@@ -146,6 +146,8 @@ def step_flops(config_or_spec: StepSpec | ModelConfig | str, *, early_stop: bool
     elif plan.kind == "selective":
         # SDPA saves its outputs, so it runs again; eager's att @ v saves only its inputs.
         recompute = L * (scores if cfg.attention == "eager" and early_stop else attention)
+    if spec.loss_chunks > 1:  # the chunked loss computes each chunk's logits again (chapter 8)
+        recompute += head
     k = spec.grad_accum_steps
     return StepFlops(forward=int(k * forward), backward=int(k * (backward + recompute)),
                      recompute=int(k * recompute), linear_forward=int(k * (L * block_linear + head)),

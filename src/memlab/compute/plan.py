@@ -26,7 +26,17 @@ step's seconds add (no overlap is assumed, so each is an upper bound)
   host link, and the CPU's optimizer step at a rate in seconds per parameter
   (:func:`memlab.compute.offload.default_cpu_step_rate`: chapter 6's GPU record);
 * a 4-bit base (QLoRA): the dequantization of its block linears to 16 bits before every use
-  (:func:`dequantization_bytes`), as memory traffic over the GPU's quoted bandwidth.
+  (:func:`dequantization_bytes`), as memory traffic over the GPU's quoted bandwidth;
+* context parallelism (chapter 8): the ring's K and V blocks each rank sends in every layer
+  (:func:`memlab.memory.context.kv_bytes_sent_per_step`, the forward again when it is
+  recomputed), over the same link as the data-parallel collectives.
+
+Chapter 8's levers are tried where the estimators model them: the chunked loss
+(:data:`PLAN_LOSS_CHUNKS` chunks; exact, at the cost of the head's forward once more) and
+context parallelism (a ring of N GPUs per sequence, data parallel across rings) at ZeRO
+stages 0 and 1, where one GPU's activation side holds; the chunked loss with adapters too.
+Optimizers change what training does, not only its bytes, so the plan tries the ones named
+(``optimizers``; AdamW by default); adapters always train with AdamW, whose states are small.
 """
 
 from __future__ import annotations
@@ -42,8 +52,8 @@ from memlab.compute.offload import (
     host_link,
     host_link_bytes,
 )
-from memlab.distributed.commtime import comm_seconds
-from memlab.distributed.estimate import LAYOUT_OF, estimate_sharded
+from memlab.distributed.commtime import comm_seconds, per_gpu_bandwidth
+from memlab.distributed.estimate import ADAM, LAYOUT_OF, SHARDED_OPTIMIZERS, estimate_sharded
 from memlab.distributed.zero import check_gpus, check_stage
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.finetune.counts import block_linear_shapes, trainable_parameters
@@ -51,6 +61,7 @@ from memlab.finetune.estimate import estimate_finetune, quantized_weight_bytes
 from memlab.finetune.lora import LoraConfig
 from memlab.gpus import GPU, get_gpu
 from memlab.memory.activations import PARAM_BYTES
+from memlab.memory.context import check_context_parallel, kv_bytes_sent_per_step
 from memlab.model.config import ModelConfig, get_config
 from memlab.model.step import StepSpec
 from memlab.units import to_unit
@@ -62,6 +73,11 @@ ADAPTER_OFFLOADS = ("none", "activations")  # what a set-up trains: every weight
 OFFLOADS_AT = {0: ("none",), 1: ("none", "optimizer"), 2: ("none", "optimizer"),
                3: ("none", "optimizer", "params")}
 GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# The chunked loss's chunks the plan tries: torchtune's default (CEWithChunkedOutputLoss,
+# num_output_chunks=8).
+PLAN_LOSS_CHUNKS = 8
+CONTEXT_PARALLEL = (2, 4, 8, 16, 32, 64)  # ring sizes tried, where 2N divides the sequence
+LEVER_STAGES = (0, 1)  # where the chunked loss and context parallelism are estimated
 LORA_RANK = 16
 QLORA_BASE = "nf4-dq"
 # The NVLink each catalogued GPU's data-parallel ring runs over (memlab.distributed.commtime).
@@ -106,11 +122,19 @@ class PlanRow:
     offload_s: float  # host-link traffic
     cpu_step_s: float = 0.0  # the CPU's optimizer step of an offload
     dequant_s: float = 0.0  # a 4-bit base dequantized before every use
+    optimizer: str = "adamw"
+    loss_chunks: int = 1  # the chunked loss (chapter 8); 1: the logits whole
+    context_parallel: int = 1  # GPUs per sequence (a ring, chapter 8); 1: none
 
     @property
     def step_s(self) -> float:
         """Estimated seconds per optimizer step: every term added, no overlap (chapter: 7)."""
         return self.compute_s + self.comm_s + self.offload_s + self.cpu_step_s + self.dequant_s
+
+    @property
+    def data_parallel(self) -> int:
+        """Data-parallel ranks: the GPUs over the ring's size, each its own sequences (chapter: 8)."""
+        return self.gpus // self.context_parallel
 
     @property
     def gpu_seconds(self) -> float:
@@ -122,7 +146,13 @@ class PlanRow:
         """The set-up in words: 'full, ZeRO-3 on 8 GPUs, 4 sequences × 16 accumulation steps' (chapter: 7)."""
         what = {"full": "full", "lora": f"LoRA r={LORA_RANK}",
                 "qlora": f"QLoRA r={LORA_RANK} ({QLORA_BASE} base)"}[self.trains]
+        if self.optimizer != "adamw":
+            what += f" with {self.optimizer}"
         parts = [what, f"ZeRO-{self.zero_stage} on {self.gpus} GPU{'s' if self.gpus > 1 else ''}"]
+        if self.context_parallel > 1:
+            parts.append(f"rings of {self.context_parallel}")
+        if self.loss_chunks > 1:
+            parts.append(f"loss in {self.loss_chunks} chunks")
         if self.offload != "none":
             parts.append(f"offload {self.offload}")  # 'activations': the units' inputs
         if self.checkpointing:
@@ -133,7 +163,7 @@ class PlanRow:
     def as_dict(self) -> dict:
         """The row with its step seconds, cost and label (chapter: 7)."""
         return asdict(self) | dict(step_s=self.step_s, gpu_seconds=self.gpu_seconds,
-                                   label=self.label)
+                                   data_parallel=self.data_parallel, label=self.label)
 
 
 @dataclass(frozen=True)
@@ -180,7 +210,8 @@ class MemoryPlan:
             out.append(f"Adapters skip the base weights' gradients: the cheapest adapter set-up "
                        f"costs {a.gpu_seconds:.0f} GPU-seconds, the cheapest full training "
                        f"{f.gpu_seconds:.0f}.")
-        plain = {t: [r for r in by[t] if not r.checkpointing] for t in ("lora", "qlora")}
+        plain = {t: [r for r in by[t] if not r.checkpointing and r.loss_chunks == 1]
+                 for t in ("lora", "qlora")}
         if plain["lora"] and plain["qlora"]:
             lo, q = plain["lora"][0], plain["qlora"][0]
             out.append(f"QLoRA fits {q.micro_batch} sequences per micro-batch where LoRA fits "
@@ -188,7 +219,8 @@ class MemoryPlan:
                        f"{q.dequant_s:.1f} s to each step: it costs "
                        f"{'more' if q.gpu_seconds > lo.gpu_seconds else 'less'} than LoRA "
                        f"({q.gpu_seconds:.1f} against {lo.gpu_seconds:.1f} GPU-seconds).")
-        kept = [r for r in by["full"] if r.offload == "none"]
+        kept = [r for r in by["full"] if r.offload == "none" and r.loss_chunks == 1
+                and r.context_parallel == 1 and r.optimizer == "adamw"]
         if kept:
             fewest = min(r.gpus for r in kept)
             f = min((r for r in kept if not r.checkpointing), default=kept[0],
@@ -206,6 +238,17 @@ class MemoryPlan:
                          + ("its recomputation, against fewer micro-batches' collectives"
                             if f.zero_stage >= 2 else "its recomputation"))
             out.append(text + ".")
+        ringed = [r for r in by["full"] if r.context_parallel > 1]
+        if ringed:
+            r = min(ringed, key=lambda r: r.gpu_seconds)
+            out.append(f"Context parallelism's cheapest set-up is {r.label}: its ring sends "
+                       f"each rank's keys and values in every layer, counted in its "
+                       f"{r.comm_s:.1f} s of communication per step.")
+        chunked = [r for r in self.rows if r.loss_chunks > 1]
+        if chunked:
+            r = min(chunked, key=lambda r: r.gpu_seconds)
+            out.append(f"The chunked loss is listed where it fits more sequences or fewer "
+                       f"GPUs than the whole logits; the cheapest such set-up is {r.label}.")
         offloaded = [r for r in by["full"] if r.offload != "none"]
         if offloaded:
             o = min(offloaded, key=lambda r: (r.gpus, r.gpu_seconds))
@@ -247,20 +290,22 @@ def _powers_of_two_dividing(n: int) -> list[int]:
     return out
 
 
-def _peak(cfg, trains, precision, stage, gpus, offload, ckpt, m, T, device) -> int:
+def _peak(cfg, trains, precision, stage, gpus, offload, ckpt, m, T, device, optimizer="adamw",
+          chunks=1, cp=1) -> int:
     spec = StepSpec(cfg, batch_size=m, seq_len=T, precision=precision, checkpointing=ckpt,
-                    offload_activations=offload == "activations")
+                    offload_activations=offload == "activations", optimizer=optimizer,
+                    loss_chunks=chunks)
     if trains == "full":
         return estimate_sharded(spec, zero_stage=stage, gpus=gpus, offload=offload,
-                                device=device).per_gpu_peak_bytes
+                                device=device, context_parallel=cp).per_gpu_peak_bytes
     lora = LoraConfig(r=LORA_RANK, target_modules="all-linear")
     return estimate_finetune(spec, lora=lora, device=device,
                              quantize_base=QLORA_BASE if trains == "qlora" else None).peak_bytes
 
 
-def _flops(cfg, trains, precision, ckpt, B, T) -> int:
+def _flops(cfg, trains, precision, ckpt, B, T, chunks=1) -> int:
     f = step_flops(StepSpec(cfg, batch_size=B, seq_len=T, precision=precision,
-                            checkpointing=ckpt))
+                            checkpointing=ckpt, loss_chunks=chunks))
     # Frozen base weights get no gradient: their weight-gradient matmuls (as many FLOPs as the
     # forward's matmuls) are skipped; the adapters' own FLOPs (rank 16) are left out.
     return f.total if trains == "full" else f.total - f.linear_forward
@@ -339,11 +384,13 @@ def step_cost(model: ModelConfig | str, gpu: GPU | str, *, trains: str, zero_sta
               gpus: int = 1, offload: str = "none", checkpointing: bool = False,
               micro_batch: int, grad_accum: int, seq_len: int, mfu: float = 0.4,
               host_link_name: str = "pcie4-x16",
-              cpu_step: CpuStepRate | float | None = None) -> StepCost:
-    """Estimated seconds of one optimizer step of a set-up, at a given shape (chapter: 7).
+              cpu_step: CpuStepRate | float | None = None, loss_chunks: int = 1,
+              context_parallel: int = 1) -> StepCost:
+    """Estimated seconds of one optimizer step of a set-up, at a given shape (chapters: 7, 8).
 
-    ``micro_batch`` sequences per GPU per pass, ``grad_accum`` passes per optimizer step, on
-    ``gpus`` GPUs: the planner's cost model (the module's docstring) for one row.
+    ``micro_batch`` sequences per data-parallel rank per pass, ``grad_accum`` passes per
+    optimizer step, on ``gpus`` GPUs (``context_parallel`` of them per sequence): the planner's
+    cost model (the module's docstring) for one row.
     """
     cfg = get_config(model) if isinstance(model, str) else model
     if not isinstance(cfg, ModelConfig):
@@ -363,13 +410,18 @@ def step_cost(model: ModelConfig | str, gpu: GPU | str, *, trains: str, zero_sta
     if offload == "activations" and not checkpointing:
         raise MemlabError("offload 'activations' moves the checkpointed units' inputs: it needs "
                           "checkpointing=True")
+    cp = check_context_parallel(context_parallel, seq_len)
+    if cp > 1 and (trains != "full" or gpus % cp or offload != "none"):
+        raise MemlabError(f"context_parallel {cp} runs full training in rings of {cp} GPUs, "
+                          f"without offload; got trains {trains!r}, {gpus} GPUs, offload "
+                          f"{offload!r}")
     link = host_link(host_link_name)
     rate = as_cpu_step_rate(cpu_step)
     precision = "bf16-mixed" if g.bf16_tensor_cores else "fp16-mixed"
     fmt = "bf16" if g.bf16_tensor_cores else "fp16"
     n = cfg.num_parameters()
-    global_batch = gpus * micro_batch * grad_accum
-    flops = _flops(cfg, trains, precision, checkpointing, global_batch, seq_len)
+    global_batch = gpus // cp * micro_batch * grad_accum
+    flops = _flops(cfg, trains, precision, checkpointing, global_batch, seq_len, loss_chunks)
     compute_s = flops / gpus / (g.peak_ops(fmt) * mfu)
     if trains == "full":
         synced = n
@@ -378,6 +430,12 @@ def step_cost(model: ModelConfig | str, gpu: GPU | str, *, trains: str, zero_sta
                                                             target_modules="all-linear"))
     comm_s = comm_seconds_per_step(synced, stage, gpus, grad_accum,
                                    intra=NVLINK.get(g.name, PCIE))
+    if cp > 1:  # the ring's K and V blocks, every layer of every micro-batch
+        sent = kv_bytes_sent_per_step(micro_batch, cfg.kv_heads, seq_len, cfg.head_dim, cp,
+                                      PARAM_BYTES[precision])
+        passes = sent["forward"] * (2 if checkpointing else 1) + sent["backward"]
+        comm_s += (grad_accum * cfg.n_layer * passes
+                   / per_gpu_bandwidth(cp, intra=NVLINK.get(g.name, PCIE)))
     if offload == "activations":  # the units' inputs there and back, every micro-batch
         inputs = cfg.n_layer * micro_batch * seq_len * cfg.d_model * PARAM_BYTES[precision]
         offload_s = 2 * inputs * grad_accum / link.bytes_per_s
@@ -393,16 +451,20 @@ def step_cost(model: ModelConfig | str, gpu: GPU | str, *, trains: str, zero_sta
 def plan_training(model: ModelConfig | str, gpu: GPU | str, *, global_batch: int, seq_len: int,
                   trains=TRAINS, gpu_counts=GPU_COUNTS, mfu: float = 0.4,
                   host_link_name: str = "pcie4-x16", device: str = "cuda",
-                  cpu_step: CpuStepRate | float | None = None) -> MemoryPlan:
-    """Every set-up of a training step that fits ``gpu`` (chapter: 7).
+                  cpu_step: CpuStepRate | float | None = None,
+                  optimizers=("adamw",)) -> MemoryPlan:
+    """Every set-up of a training step that fits ``gpu`` (chapters: 7, 8).
 
     The cheapest in estimated GPU-seconds (:func:`step_cost`) comes first.
 
-    ``global_batch`` sequences of ``seq_len`` tokens per optimizer step; GPU counts must divide
-    it. Full training tries ZeRO stages 0-3 with their offloads; LoRA and QLoRA run data
-    parallel (stage 0). Each set-up is listed once, on the fewest of ``gpu_counts`` GPUs it
-    fits, at its largest fitting power-of-two micro-batch. ``cpu_step`` is the offloaded
-    optimizer step's rate (None: :func:`memlab.compute.offload.default_cpu_step_rate`).
+    ``global_batch`` sequences of ``seq_len`` tokens per optimizer step; the data-parallel
+    ranks (GPU counts, or GPU counts over the ring's size) must divide it. Full training tries
+    ZeRO stages 0-3 with their offloads, each optimizer of ``optimizers``, and at stages 0-1
+    the chunked loss and rings of :data:`CONTEXT_PARALLEL` GPUs; LoRA and QLoRA run data
+    parallel (stage 0), with and without the chunked loss. Each set-up is listed once, on the
+    fewest of ``gpu_counts`` GPUs it fits, at its largest fitting power-of-two micro-batch.
+    ``cpu_step`` is the offloaded optimizer step's rate (None:
+    :func:`memlab.compute.offload.default_cpu_step_rate`).
     """
     cfg = get_config(model) if isinstance(model, str) else model
     if not isinstance(cfg, ModelConfig):
@@ -418,65 +480,101 @@ def plan_training(model: ModelConfig | str, gpu: GPU | str, *, global_batch: int
     for t in trains:
         if t not in TRAINS:
             raise MemlabError(f"trains {t!r} is not a set-up; accepted: {', '.join(TRAINS)}")
+    if isinstance(optimizers, str):
+        optimizers = (optimizers,)
+    for o in optimizers:
+        check_choice("optimizer", o, SHARDED_OPTIMIZERS)
     if isinstance(mfu, bool) or not isinstance(mfu, Real) or not 0 < mfu <= 1:
         raise MemlabError(f"mfu must be a number in (0, 1], got {mfu!r}")
     link = host_link(host_link_name)
     rate = as_cpu_step_rate(cpu_step)
     precision = "bf16-mixed" if g.bf16_tensor_cores else "fp16-mixed"
     n = cfg.num_parameters()
-    counts = [c for c in gpu_counts if global_batch % c == 0]
-    if not counts:
+    if not any(global_batch % c == 0 for c in gpu_counts):
         raise MemlabError(f"no GPU count in {tuple(gpu_counts)} divides the global batch "
                           f"{global_batch}")
+    chunk_options = (1, PLAN_LOSS_CHUNKS) if seq_len >= PLAN_LOSS_CHUNKS else (1,)
+    rings = (1, *(c for c in CONTEXT_PARALLEL if seq_len % (2 * c) == 0))
     rows, tried = [], 0
     smallest = (None, "")
-    for t in trains:
-        stages = (0, 1, 2, 3) if t == "full" else (0,)
-        for stage in stages:
-            for offload in OFFLOADS_AT[stage] if t == "full" else ADAPTER_OFFLOADS:
-                for ckpt in (False, True):
-                    if offload == "activations" and not ckpt:
-                        continue  # it moves the checkpointed units' inputs
-                    for gpus in counts:  # the fewest GPUs this set-up fits on
-                        if gpus == 1 and stage != DEFAULT_STAGES.get(offload, 0):
-                            continue  # over one GPU the stages differ only by what they offload
-                        tried += 1
-                        per_gpu = global_batch // gpus
-                        sizes = _powers_of_two_dividing(per_gpu)
+    for setup in _setups(trains, optimizers, chunk_options, rings):
+        t, opt, stage, offload, ckpt, chunks, cp = setup
+        for gpus in gpu_counts:  # the fewest GPUs this set-up fits on
+            if gpus % cp or global_batch % (gpus // cp):
+                continue
+            if gpus == cp and stage != DEFAULT_STAGES.get(offload, 0):
+                continue  # over one data-parallel rank the stages differ only by what they offload
+            tried += 1
+            per_rank = global_batch // (gpus // cp)  # sequences per data-parallel rank
+            sizes = _powers_of_two_dividing(per_rank)
 
-                        def peak(m, t=t, stage=stage, gpus=gpus, offload=offload, ckpt=ckpt):
-                            return _peak(cfg, t, precision, stage, gpus, offload, ckpt, m,
-                                         seq_len, device)
+            def peak(m, t=t, stage=stage, gpus=gpus, offload=offload, ckpt=ckpt, opt=opt,
+                     chunks=chunks, cp=cp):
+                return _peak(cfg, t, precision, stage, gpus, offload, ckpt, m, seq_len, device,
+                             opt, chunks, cp)
 
-                        low = peak(1)
-                        if smallest[0] is None or low < smallest[0]:
-                            smallest = (low, _label(t, stage, gpus, offload, ckpt))
-                        if low > g.usable_bytes:
-                            continue
-                        lo, hi = 0, len(sizes) - 1  # the largest micro-batch that fits
-                        while lo < hi:
-                            mid = (lo + hi + 1) // 2
-                            if peak(sizes[mid]) <= g.usable_bytes:
-                                lo = mid
-                            else:
-                                hi = mid - 1
-                        m = sizes[lo]
-                        cost = step_cost(cfg, g, trains=t, zero_stage=stage, gpus=gpus,
-                                         offload=offload, checkpointing=ckpt, micro_batch=m,
-                                         grad_accum=per_gpu // m, seq_len=seq_len, mfu=mfu,
-                                         host_link_name=link.name, cpu_step=rate)
-                        flops = _flops(cfg, t, precision, ckpt, global_batch, seq_len)
-                        rows.append(PlanRow(t, precision, stage, gpus, offload, ckpt, m,
-                                            per_gpu // m, peak(m), flops, cost.compute_s,
-                                            cost.comm_s, cost.offload_s, cost.cpu_step_s,
-                                            cost.dequant_s))
-                        break
+            low = peak(1)
+            if smallest[0] is None or low < smallest[0]:
+                smallest = (low, _label(t, stage, gpus, offload, ckpt, opt, chunks, cp))
+            if low > g.usable_bytes:
+                continue
+            lo, hi = 0, len(sizes) - 1  # the largest micro-batch that fits
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if peak(sizes[mid]) <= g.usable_bytes:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            m = sizes[lo]
+            cost = step_cost(cfg, g, trains=t, zero_stage=stage, gpus=gpus, offload=offload,
+                             checkpointing=ckpt, micro_batch=m, grad_accum=per_rank // m,
+                             seq_len=seq_len, mfu=mfu, host_link_name=link.name, cpu_step=rate,
+                             loss_chunks=chunks, context_parallel=cp)
+            flops = _flops(cfg, t, precision, ckpt, global_batch, seq_len, chunks)
+            rows.append(PlanRow(t, precision, stage, gpus, offload, ckpt, m, per_rank // m,
+                                peak(m), flops, cost.compute_s, cost.comm_s, cost.offload_s,
+                                cost.cpu_step_s, cost.dequant_s, opt, chunks, cp))
+            break
+    rows = _undominated(rows)
     rows.sort(key=lambda r: (r.gpu_seconds, r.gpus, r.per_gpu_peak_bytes))
     return MemoryPlan(model=cfg.name, parameters=n, gpu=g.name, usable_bytes=g.usable_bytes,
                       global_batch=global_batch, seq_len=seq_len, mfu=float(mfu),
                       host_link=link.name, cpu_step_s_per_parameter=rate.seconds_per_parameter,
                       cpu_step_label=rate.label, rows=tuple(rows), tried=tried,
                       smallest_peak_bytes=int(smallest[0] or 0), smallest_peak_label=smallest[1])
+
+
+def _undominated(rows: list[PlanRow]) -> list[PlanRow]:
+    """Rows less a chunked loss that fits no fewer GPUs, nor more sequences, than its twin.
+
+    The chunked loss computes the head's forward once more: where the logits whole fit as
+    well, it only costs.
+    """
+    whole = {_twin(r): r for r in rows if r.loss_chunks == 1}
+    return [r for r in rows if r.loss_chunks == 1 or _twin(r) not in whole
+            or (whole[_twin(r)].gpus, -whole[_twin(r)].micro_batch) > (r.gpus, -r.micro_batch)]
+
+
+def _twin(r: PlanRow) -> tuple:
+    return (r.trains, r.optimizer, r.zero_stage, r.offload, r.checkpointing, r.context_parallel)
+
+
+def _setups(trains, optimizers, chunk_options, rings):
+    """(trains, optimizer, stage, offload, checkpointing, loss chunks, ring) of every set-up tried."""
+    for t in trains:
+        full = t == "full"
+        for opt in optimizers if full else ("adamw",):
+            for stage in (0, 1, 2, 3) if full else (0,):
+                for offload in OFFLOADS_AT[stage] if full else ADAPTER_OFFLOADS:
+                    if offload != "none" and opt not in ADAM:
+                        continue  # ZeRO-Offload steps Adam on the CPU
+                    for ckpt in (False, True):
+                        if offload == "activations" and not ckpt:
+                            continue  # it moves the checkpointed units' inputs
+                        levers = not full or stage in LEVER_STAGES
+                        for chunks in chunk_options if levers else (1,):
+                            for cp in rings if full and levers and offload == "none" else (1,):
+                                yield t, opt, stage, offload, ckpt, chunks, cp
 
 
 def _host_seconds(n, offload, stage, gpus, layout, ckpt, accum, bytes_per_s) -> float:
@@ -492,5 +590,6 @@ def _host_seconds(n, offload, stage, gpus, layout, ckpt, accum, bytes_per_s) -> 
     return per_step / bytes_per_s
 
 
-def _label(t, stage, gpus, offload, ckpt) -> str:
-    return PlanRow(t, "", stage, gpus, offload, ckpt, 1, 1, 0, 0, 0.0, 0.0, 0.0).label
+def _label(t, stage, gpus, offload, ckpt, opt="adamw", chunks=1, cp=1) -> str:
+    return PlanRow(t, "", stage, gpus, offload, ckpt, 1, 1, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, opt,
+                   chunks, cp).label

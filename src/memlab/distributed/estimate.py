@@ -80,13 +80,24 @@ from memlab.distributed.zero import (
 )
 from memlab.errors import MemlabError, check_choice
 from memlab.memory.activations import BackwardGrads, activation_peaks, grads_done_in_block
-from memlab.memory.estimator import MemoryEstimate, estimate, step_scratch_bytes
+from memlab.memory.context import check_context_parallel
+from memlab.memory.estimator import (
+    MemoryEstimate,
+    activation_side,
+    estimate,
+    param_shapes,
+    state_bytes,
+    step_scratch_bytes,
+)
 from memlab.model.checkpoint import check_plan
 from memlab.model.config import ModelConfig, param_groups
 from memlab.model.step import PHASES, StepSpec
 from memlab.units import to_unit
 
-SHARDED_OPTIMIZERS = ("adamw", "adam")  # LAYOUTS count Adam's two moments
+ADAM = ("adamw", "adam")  # LAYOUTS count Adam's two moments
+# Optimizers a sharded step is estimated with: the others keep their state over each shard
+# (memlab.memory.estimator.state_bytes); SGD's are not modelled.
+SHARDED_OPTIMIZERS = (*ADAM, "adamw-8bit", "adamw-bf16-moments", "adafactor")
 # Each precision's default byte layout, the one-GPU estimate's (PyTorch's), and the ones accepted.
 LAYOUT_OF = {"fp32": "fp32", "bf16-mixed": "fp32", "fp16-mixed": "fp32", "bf16": "bf16"}
 LAYOUTS_OF = {"fp32": ("fp32",), "bf16-mixed": ("fp32", "mixed"),
@@ -169,7 +180,7 @@ class ShardedEstimate:
 
 
 def _spec(model, batch_size, seq_len, precision, optimizer, optimizer_impl, attention,
-          checkpointing, grad_accum_steps) -> StepSpec:
+          checkpointing, grad_accum_steps, loss_chunks=1, offload_activations=False) -> StepSpec:
     if isinstance(model, StepSpec):
         if batch_size is not None or seq_len is not None:
             raise MemlabError("a StepSpec describes a whole training step: pass no batch_size "
@@ -179,14 +190,37 @@ def _spec(model, batch_size, seq_len, precision, optimizer, optimizer_impl, atte
         spec = StepSpec(model, batch_size=batch_size, seq_len=seq_len, precision=precision,
                         optimizer=optimizer, optimizer_impl=optimizer_impl,
                         checkpointing=checkpointing, grad_accum_steps=grad_accum_steps,
-                        attention=attention)
+                        attention=attention, loss_chunks=loss_chunks,
+                        offload_activations=offload_activations)
     if spec.prepare is not None:
         raise MemlabError("estimate_sharded does not model a prepare hook (freezing, adapters, a "
                           "quantized base): it shards a full training step")
     if spec.optimizer not in SHARDED_OPTIMIZERS:
-        raise MemlabError(f"estimate_sharded models optimizer states as Adam's, got optimizer "
-                          f"{spec.optimizer!r}; accepted: {', '.join(SHARDED_OPTIMIZERS)}")
+        raise MemlabError(f"estimate_sharded does not model optimizer {spec.optimizer!r}; "
+                          f"accepted: {', '.join(SHARDED_OPTIMIZERS)}")
     return spec
+
+
+def shard_shapes(shapes: list[tuple[tuple[int, ...], int]], gpus: int):
+    """Each tensor's shard as FSDP2 cuts it: dim 0 split over ``gpus``, padded (chapters: 6, 8)."""
+    return [((-(-t[0] // gpus), *t[1:]), k) for t, k in shapes]
+
+
+def moment_bytes(cfg: ModelConfig, optimizer: str, optimizer_impl: str, *, layout: str,
+                 sharded: bool, gpus: int, device: str) -> int:
+    """One GPU's optimizer-state bytes beyond a master copy, any optimizer (chapters: 6, 8).
+
+    Adam's moments as the ZeRO formula counts them (:data:`~memlab.distributed.zero.LAYOUTS`,
+    without the step counters); another optimizer's state over each shard's shape
+    (:func:`shard_shapes`, stages 1-3; whole tensors at stage 0), kept in the master's dtype
+    (:func:`memlab.memory.estimator.state_bytes`, step counters included).
+    """
+    if optimizer in ADAM:
+        per = LAYOUTS[layout][2] - (MASTER_BYTES[layout] if layout == "mixed" else 0)
+        return _shard(per * cfg.num_parameters(), gpus) if sharded else per * cfg.num_parameters()
+    shapes = param_shapes(cfg)
+    return state_bytes(shard_shapes(shapes, gpus) if sharded else shapes, MASTER_BYTES[layout],
+                       optimizer, optimizer_impl, device)
 
 
 def layout_of(precision: str, layout: str | None = None) -> str:
@@ -235,6 +269,9 @@ def estimate_sharded(
     grad_accum_steps: int = 1,
     device: str = "cuda",
     layout: str | None = None,
+    loss_chunks: int = 1,
+    offload_activations: bool = False,
+    context_parallel: int = 1,
 ) -> ShardedEstimate:
     """Estimated bytes one of ``gpus`` GPUs holds in a training step (chapter: 6).
 
@@ -243,18 +280,37 @@ def estimate_sharded(
     ``model`` is a preset name, a :class:`~memlab.model.config.ModelConfig` or a
     :class:`~memlab.model.step.StepSpec`; ``batch_size`` is per GPU. ``layout`` is the byte
     layout (default: the precision's, :func:`layout_of`). See the module's docstring for what
-    each stage holds.
+    each stage holds. ``optimizer``: any of :data:`SHARDED_OPTIMIZERS`, its state kept over
+    each rank's shard; ``loss_chunks``, ``offload_activations`` and ``context_parallel`` N
+    (chapter 8) at stages 0 and 1, where the activation side is one GPU's (one rank's of a
+    ring of N, the ``gpus`` being data-parallel groups of N that share the model states).
     """
     stage, gpus = check_stage(zero_stage), check_gpus(gpus)
     check_offload(offload, stage)
     spec = _spec(model, batch_size, seq_len, precision, optimizer, optimizer_impl, attention,
-                 checkpointing, grad_accum_steps)
+                 checkpointing, grad_accum_steps, loss_chunks, offload_activations)
     check_plan(spec.checkpointing, ("none", "full"), "estimate_sharded")
     check_choice("device", device, ("cuda", "cpu"))
+    adam = spec.optimizer in ADAM
+    cp = check_context_parallel(context_parallel, spec.seq_len)
+    if cp > 1 and gpus % cp:
+        raise MemlabError(f"context_parallel {cp} must divide gpus {gpus}: the GPUs are "
+                          f"data-parallel groups of {cp}")
+    levers = [f for f, on in (("loss_chunks", spec.loss_chunks != 1),
+                              ("offload_activations", spec.offload_activations),
+                              ("context_parallel", cp > 1)) if on]
+    if levers and stage >= 2:
+        raise MemlabError(f"{levers[0]} at ZeRO stage {stage} is not modelled (FSDP2 gathers the "
+                          f"root around the head and the blocks under the hooks); accepted "
+                          f"with it: zero_stage 0 or 1")
+    if offload != "none" and not adam:
+        raise MemlabError(f"offload {offload!r} steps Adam on the CPU (ZeRO-Offload's CPU Adam), "
+                          f"got optimizer {spec.optimizer!r}; accepted with offload: "
+                          f"{', '.join(ADAM)}")
     cfg, B, T = spec.config, spec.batch_size, spec.seq_len
     layout = layout_of(spec.precision, layout)
     compute = compute_precision(spec.precision, layout, stage)
-    base = estimate(replace(spec, precision=compute), device=device)
+    base = estimate(replace(spec, precision=compute), device=device, context_parallel=cp)
     n, L = cfg.num_parameters(), cfg.n_layer
     ms = model_states(n, stage, gpus, layout=layout, offload=offload)
     # A working parameter, and a whole gradient, in bytes: 16 bits where the model computes
@@ -271,15 +327,21 @@ def estimate_sharded(
     # What stays on the GPU through the step: parameters P, optimizer states S, gradients G.
     if fsdp:
         P = _shard(mb * n, gpus) + (wb * n if stage == 2 else 0)
-        S = _shard((sum(LAYOUTS[layout]) - mb - rb) * n, gpus)  # the moments
+        S = moment_bytes(cfg, spec.optimizer, spec.optimizer_impl, layout=layout, sharded=True,
+                         gpus=gpus, device=device)  # the optimizer's state of the shard
         G = _shard(rb * n, gpus)
         g_block = _shard(rb * blk, gpus)  # one finished block's gradient shard
     else:  # DDP, ZeRO-1, and ZeRO-Offload: the model states of the formula
         P, S, G = ms.parameters, ms.optimizer_states, ms.gradients
+        if not adam:  # another optimizer's state in place of Adam's moments
+            S += moment_bytes(cfg, spec.optimizer, spec.optimizer_impl, layout=layout,
+                              sharded=stage >= 1, gpus=gpus, device=device) - moment_bytes(
+                cfg, "adamw", "foreach", layout=layout, sharded=stage >= 1, gpus=gpus,
+                device=device)
         g_block = 0  # offloaded stages 2-3 move each gradient shard to the CPU
     held_states = P + S + G
     optimizer_on_gpu = offload == "none"
-    if optimizer_on_gpu and (device == "cpu" or spec.optimizer_impl == "fused"):
+    if adam and optimizer_on_gpu and (device == "cpu" or spec.optimizer_impl == "fused"):
         S += 4 * n_tensors  # Adam's fp32 step counters
     G_live = G if accumulating else 0
     held = P + S + G_live + tokens
@@ -309,8 +371,10 @@ def estimate_sharded(
         # One block down: the block above left its gradient shard and its reduce-scatter buffer.
         walk_next = walk(L - 1) + g_block + rs_block if L >= 2 else 0
     else:
-        fwd, bwd = activation_peaks(cfg, saved, B, T, compute, spec.checkpointing, device,
-                                    accumulating)
+        fwd, bwd = activation_side(cfg, saved, B=B, T=T // cp, precision=compute,
+                                   checkpointing=spec.checkpointing, device=device,
+                                   accumulating=accumulating, loss_chunks=spec.loss_chunks,
+                                   offload=spec.offload_activations, context_parallel=cp)
         walk_top = walk_next = 0
 
     # Stage 3 (FSDP2 with reshard_after_forward): a unit is gathered while it computes, its
@@ -353,9 +417,14 @@ def estimate_sharded(
     if stage >= 2:
         end += (wb + rb) * root - (_shard(rb * root, gpus) if fsdp else 0)
     backward = max(backward_walk, end)
-    tensors = [(t, 1) for t in embed] + [(t, L) for t in block] + [(t, 1) for t in head]
-    if stage >= 1:
-        tensors = [(_shard(t, gpus), k) for t, k in tensors]
+    if adam:
+        tensors = [(t, 1) for t in embed] + [(t, L) for t in block] + [(t, 1) for t in head]
+        if stage >= 1:
+            tensors = [(_shard(t, gpus), k) for t, k in tensors]
+    else:  # shapes: Adafactor's scratch depends on them
+        tensors = param_shapes(cfg)
+        if stage >= 1:
+            tensors = shard_shapes(tensors, gpus)
     scratch = (step_scratch_bytes(tensors, mb, spec.optimizer, spec.optimizer_impl)
                if optimizer_on_gpu else 0)
     phases = {"forward": forward, "backward": backward,

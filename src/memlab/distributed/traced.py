@@ -21,12 +21,15 @@ from dataclasses import asdict, dataclass
 import torch
 
 from memlab.errors import MemlabError, check_choice, check_positive_int
-from memlab.measure.step import default_dtype
+from memlab.measure.step import FakeScalars, default_dtype
 from memlab.model.config import ModelConfig, get_config
+from memlab.model.train import make_optimizer
 from memlab.model.transformer import build_model, lm_loss
 from memlab.units import to_unit
 
 TRACED_PRECISIONS = ("fp32", "bf16-mixed")  # bf16-mixed: bf16 gathered parameters, fp32 reductions
+# Optimizers a sharded step is traced with (on fake tensors: not bitsandbytes' 8-bit kernels).
+TRACED_OPTIMIZERS = ("adamw", "adam", "adamw-bf16-moments", "adafactor")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class ShardedTrace:
     peak_by_category: dict[str, int]  # FSDPMemTracker's categories at the peak
     # sharded params + sharded grads (at the end of the backward) + optimizer states, one rank
     model_state_bytes: int
+    optimizer: str = "adamw"
 
     def as_dict(self) -> dict:
         """The fields as a plain dict, bytes as ints (chapter: 6)."""
@@ -80,7 +84,7 @@ class ShardedTrace:
 
 
 def _check(model, gpus, reshard_after_forward, precision, batch_size, seq_len,
-           checkpointing) -> ModelConfig:
+           checkpointing, optimizer="adamw") -> ModelConfig:
     cfg = get_config(model) if isinstance(model, str) else model
     if not isinstance(cfg, ModelConfig):
         raise MemlabError(f"model must be a preset name or a ModelConfig, got {model!r}")
@@ -96,6 +100,7 @@ def _check(model, gpus, reshard_after_forward, precision, batch_size, seq_len,
         if not isinstance(flag, bool):
             raise MemlabError(f"{name} must be True or False, got {flag!r}")
     check_choice("precision", precision, TRACED_PRECISIONS)
+    check_choice("optimizer", optimizer, TRACED_OPTIMIZERS)
     check_positive_int("batch_size", batch_size)
     check_positive_int("seq_len", seq_len)
     if seq_len > cfg.max_seq_len:
@@ -154,16 +159,18 @@ def _optimizer_step(params: list, shards: list, optimizer: torch.optim.Optimizer
 
 def trace_sharded(model: str | ModelConfig, gpus: int, *, reshard_after_forward: bool = True,
                   precision: str = "fp32", batch_size: int = 1, seq_len: int = 2048,
-                  checkpointing: bool = False) -> ShardedTrace:
+                  checkpointing: bool = False, optimizer: str = "adamw") -> ShardedTrace:
     """Per-rank memory of one FSDP2 training step over ``gpus`` ranks, traced on fake tensors (chapter: 6).
 
-    AdamW (foreach), each block and then the root wrapped by ``fully_shard``; ``precision``
+    ``optimizer`` (foreach) steps each rank's shards (:data:`TRACED_OPTIMIZERS`: bitsandbytes'
+    8-bit AdamW runs its own kernels, not on fake tensors), each block and then the root
+    wrapped by ``fully_shard``; ``precision``
     'bf16-mixed' gathers parameters in bf16 and reduces gradients in fp32
     (``MixedPrecisionPolicy``), the shards staying fp32. Bytes are rank 0's, which holds a
     full shard of every padded parameter.
     """
     cfg = _check(model, gpus, reshard_after_forward, precision, batch_size, seq_len,
-                 checkpointing)
+                 checkpointing, optimizer)
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -185,7 +192,7 @@ def trace_sharded(model: str | ModelConfig, gpus: int, *, reshard_after_forward:
         mesh = init_device_mesh("cpu", (gpus,))  # outside the fake mode: it fails inside
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if precision == "bf16-mixed" else MixedPrecisionPolicy())
-        with FakeTensorMode():
+        with FakeTensorMode(), FakeScalars():  # Adafactor reads scalars: 1 in a trace
             with default_dtype(torch.float32):
                 net = build_model(cfg, device="cpu", seed=None, checkpointing=checkpointing)
             for block in net.blocks:  # one FSDP unit per block, then the root's own params
@@ -200,23 +207,23 @@ def trace_sharded(model: str | ModelConfig, gpus: int, *, reshard_after_forward:
             params = list(net.parameters())
             with torch.no_grad():
                 shards = [p.to_local() for p in params]
-            optimizer = torch.optim.AdamW(shards, lr=1e-4, foreach=True)
+            opt = make_optimizer(optimizer, shards, lr=1e-4, impl="foreach")
             for shard in shards:  # a first step on zero gradients creates the optimizer states
                 shard.grad = torch.zeros_like(shard)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
             gen = torch.Generator().manual_seed(0)
             tokens = torch.randint(0, cfg.vocab_size, (2, batch_size, seq_len), generator=gen)
             idx, targets = tokens[0], tokens[1]  # (B, T) each
 
-            tracker = Tracker(net, optimizer)  # counts the shards and states made above
+            tracker = Tracker(net, opt)  # counts the shards and states made above
             tracker.track_inputs((tokens,))
             with tracker:
                 loss = lm_loss(net(idx), targets)  # the logits die inside lm_loss
                 loss.backward()
                 del loss
                 grads = _bytes(tracker.get_tracker_snapshot("current"), categories)
-                _optimizer_step(params, shards, optimizer)
+                _optimizer_step(params, shards, opt)
                 after = _bytes(tracker.get_tracker_snapshot("current"), categories)
             peak = _bytes(tracker.get_tracker_snapshot("peak"), categories)
     finally:
@@ -228,6 +235,7 @@ def trace_sharded(model: str | ModelConfig, gpus: int, *, reshard_after_forward:
         batch_size=batch_size, seq_len=seq_len, checkpointing=checkpointing,
         peak_bytes=peak_bytes, peak_by_category=peak,
         model_state_bytes=after["sharded_param"] + grads["sharded_grad"] + after["opt"],
+        optimizer=optimizer,
     )
 
 

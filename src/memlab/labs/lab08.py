@@ -35,7 +35,6 @@ from memlab.labs.grader import (
 )
 from memlab.longcontext.context_parallel import fake_ring, ring_rank_bytes
 from memlab.longcontext.optimizers import measured_state_bytes
-from memlab.longcontext.ring import kv_bytes_sent_per_step
 from memlab.measure.step import (
     StepMemory,
     default_dtype,
@@ -44,6 +43,7 @@ from memlab.measure.step import (
     trace_step,
 )
 from memlab.memory.activations import COMPUTE_BYTES, head_peaks
+from memlab.memory.context import kv_bytes_sent_per_step
 from memlab.model.config import ModelConfig, get_config
 from memlab.model.transformer import build_model
 

@@ -16,7 +16,8 @@ from functools import partial
 import torch.distributed as dist
 
 from memlab.errors import MemlabError, check_positive_int
-from memlab.longcontext.ring import kv_bytes_sent_per_step, ring_attention
+from memlab.longcontext.ring import ring_attention
+from memlab.memory.context import kv_bytes_sent_per_step
 
 
 class RingCore:
@@ -128,7 +129,7 @@ def context_parallel_table(model, *, seq_len: int | None = None,
     Exactly one of ``seq_len`` (the step's sequence, split N ways) and ``tokens_per_rank``
     (each rank's share, the sequence growing with N) is given. ``switches`` go to
     :func:`memlab.memory.estimate` (optimizer, optimizer_impl, loss_chunks, device, ...). The
-    bytes sent are :func:`memlab.longcontext.ring.kv_bytes_sent_per_step` times the layers, the
+    bytes sent are :func:`memlab.memory.context.kv_bytes_sent_per_step` times the layers, the
     forward counted twice when checkpointing recomputes it.
     """
     from memlab.memory.context import ring_buffer_bytes
@@ -178,7 +179,7 @@ def ring_rank_bytes(*, batch: int, heads: int, kv_heads: int, tokens_per_rank: i
     ``torch.autograd.graph.saved_tensors_hooks``), the bytes each pass allocates at its
     highest point (``measure_peak``'s dispatch tracker) and the bytes sent; the formulas are
     :func:`memlab.memory.context.ring_core_tensors`, ``ring_transient_bytes`` and
-    :func:`memlab.longcontext.ring.kv_bytes_sent_per_step`.
+    :func:`memlab.memory.context.kv_bytes_sent_per_step`.
     """
     import torch
 

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from memlab.errors import MemlabError, check_choice, check_positive_int
+from memlab.memory.context import kv_bytes_sent_per_step
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -261,22 +262,6 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     positions = token_positions(rank, world, q.shape[2] * world, layout).to(q.device)
     return RingAttention.apply(q, k, v, positions, layout, bool(causal), group, stats)
-
-
-def kv_bytes_sent_per_step(batch: int, kv_heads: int, seq_len: int, head_dim: int, world: int,
-                           bytes_per_value: int) -> dict[str, int]:
-    """Bytes one rank sends in a training step of one attention layer, by formula (chapter: 8).
-
-    Forward: its K and V blocks go N-1 hops, each (B, H_kv, T/N, D). Backward: N-1 hops of K, V
-    and their gradient accumulators (fp32 at least), and one last hop of the gradients home.
-    """
-    block = batch * kv_heads * (seq_len // world) * head_dim
-    grad_bytes = max(bytes_per_value, 4)
-    fwd = (world - 1) * 2 * block * bytes_per_value
-    bwd = (world - 1) * 2 * block * (bytes_per_value + grad_bytes) + 2 * block * grad_bytes
-    if world == 1:  # one rank: the block never leaves, nothing is sent
-        bwd = 0
-    return {"forward": fwd, "backward": bwd}
 
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64}

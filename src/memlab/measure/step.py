@@ -356,8 +356,8 @@ class _GlobalOnly:
         return None
 
 
-class _FakeScalars:
-    """Answer a fake tensor's data-dependent scalar (``.item()``) with 1.
+class FakeScalars:
+    """Answer a fake tensor's data-dependent scalar (``.item()``) with 1 (chapter: 8).
 
     Fake tensors hold no values: torch's Adafactor reads its step and two norms per tensor with
     ``.item()`` to scale the update, which no shape or dtype depends on, so the traced step
@@ -442,7 +442,7 @@ def _run_step(setup: StepSpec, *, device: torch.device, traced: bool, seed: int,
         tracker.track_external(model, optimizer, tokens)  # the token ids count as 'other'
         phase_snaps: dict[str, dict[str, int]] = {}
         step = partial(_iteration, setup, device, model, optimizer, idx, targets, tracker)
-        with tracker, _FakeScalars() if traced else contextlib.nullcontext():
+        with tracker, FakeScalars() if traced else contextlib.nullcontext():
             if traced:  # fake tensors need no warm-up: create the optimizer states directly
                 _prime_optimizer(model, optimizer)
             else:  # a real first step also warms kernels and the allocator (cuBLAS workspace)

@@ -189,3 +189,19 @@ def ring_peaks(cfg: ModelConfig, block: list[SavedTensor], *, B: int, n: int, ra
         bwd = max(bwd, model_level + layer * kept + through_core + casts_alive + done
                   + (0 if accumulating else grads_done) + dx + d_out + ring["backward"])
     return fwd, bwd
+
+
+def kv_bytes_sent_per_step(batch: int, kv_heads: int, seq_len: int, head_dim: int, world: int,
+                           bytes_per_value: int) -> dict[str, int]:
+    """Bytes one rank sends in a training step of one attention layer, by formula (chapter: 8).
+
+    Forward: its K and V blocks go N-1 hops, each (B, H_kv, T/N, D). Backward: N-1 hops of K, V
+    and their gradient accumulators (fp32 at least), and one last hop of the gradients home.
+    """
+    block = batch * kv_heads * (seq_len // world) * head_dim
+    grad_bytes = max(bytes_per_value, 4)
+    fwd = (world - 1) * 2 * block * bytes_per_value
+    bwd = (world - 1) * 2 * block * (bytes_per_value + grad_bytes) + 2 * block * grad_bytes
+    if world == 1:  # one rank: the block never leaves, nothing is sent
+        bwd = 0
+    return {"forward": fwd, "backward": bwd}

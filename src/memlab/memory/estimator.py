@@ -302,6 +302,28 @@ def adafactor_scratch_bytes(tensors: list[tuple[tuple[int, ...], int]], param_by
 
 
 # The estimate ------------------------------------------------------------------------------
+def activation_side(cfg: ModelConfig, saved, *, B: int, T: int, precision: str,
+                    checkpointing, device: str, accumulating: bool, loss_chunks: int = 1,
+                    offload: bool = False, context_parallel: int = 1) -> tuple[int, int]:
+    """The activation side's forward and backward highs, a ring's included (chapters: 1, 8).
+
+    ``T`` is the tokens of each sequence one rank holds; with ``context_parallel`` N > 1,
+    ``saved`` is already the ring's (:func:`memlab.memory.context.ring_saved_tensors`) and the
+    ring's own buffers are counted (:func:`memlab.memory.context.ring_peaks`).
+    """
+    block = ring_block(cfg, B, T, precision, device) if context_parallel > 1 else None
+    fwd, bwd = activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumulating,
+                                loss_chunks=loss_chunks, block=block, offload=offload)
+    if context_parallel > 1:
+        ring_fwd, ring_bwd = ring_peaks(
+            cfg, block, B=B, n=T, ranks=context_parallel, precision=precision,
+            checkpointing=checkpointing,
+            model_level=sum(t.bytes for t in saved if t.scope == "model"),
+            accumulating=accumulating)
+        fwd, bwd = max(fwd, ring_fwd), max(bwd, ring_bwd)
+    return fwd, bwd
+
+
 def estimate(
     model: StepSpec | ModelConfig | str,
     *,
@@ -371,15 +393,10 @@ def estimate(
         block = ring_block(cfg, B, T, precision, device)
         saved = ring_saved_tensors(saved, block)
         A = activation_bytes(saved, cfg.n_layer)
-    fwd, bwd = activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumulating,
-                                loss_chunks=spec.loss_chunks, block=block,
-                                offload=spec.offload_activations)
-    if cp > 1:
-        ring_fwd, ring_bwd = ring_peaks(
-            cfg, block, B=B, n=T, ranks=cp, precision=precision, checkpointing=checkpointing,
-            model_level=sum(t.bytes for t in saved if t.scope == "model"),
-            accumulating=accumulating)
-        fwd, bwd = max(fwd, ring_fwd), max(bwd, ring_bwd)
+    fwd, bwd = activation_side(cfg, saved, B=B, T=T, precision=precision,
+                               checkpointing=checkpointing, device=device,
+                               accumulating=accumulating, loss_chunks=spec.loss_chunks,
+                               offload=spec.offload_activations, context_parallel=cp)
     # A tied embedding gets two gradients (head and lookup); autograd holds the first until the
     # second arrives and adds them: three (V, C) tensors at the very end of the backward pass.
     # When gradients accumulate, the embedding's new gradient (V, C) is a temporary added into
