@@ -532,12 +532,6 @@ def _cmd_sharded(args) -> int:
     if finetune:
         raise MemlabError(f"{flag} with {finetune[0]}: sharding a fine-tuning set-up is not "
                           f"modelled; {flag} estimates a full training step")
-    stage_levers = [o for o, on in (("--loss-chunks", args.loss_chunks != 1),
-                                    ("--offload-activations", args.offload_activations)) if on]
-    if stage_levers and args.zero_stage is not None and args.zero_stage in (2, 3):
-        raise MemlabError(f"--zero-stage {args.zero_stage} with {stage_levers[0]} is not modelled "
-                          f"(FSDP gathers the root around the head and the blocks under the "
-                          f"hooks); accepted with it: --zero-stage 0 or 1")
     stage = 0 if args.zero_stage is None else check_stage(args.zero_stage)
     if args.gpus is None:
         raise MemlabError("--zero-stage needs --gpus N, the number of data-parallel GPUs")

@@ -258,8 +258,37 @@ def test_stage_0_and_1_keep_the_one_gpu_activation_side_of_the_levers(switches):
         loss_chunks=1, offload_activations=False)))
     lever = estimate_sharded("tiny", zero_stage=1, gpus=4, **kw)
     assert lever.per_gpu_peak_bytes < plain.per_gpu_peak_bytes
-    with pytest.raises(MemlabError, match="at ZeRO stage 3 is not modelled"):
-        estimate_sharded("tiny", zero_stage=3, gpus=4, **kw)
+
+
+# At stages 2 and 3 (FSDP2) the levers are held to traces of the chapter's tiny models, untied
+# (Llama) and tied (GPT-2). The tied model's checkpointed stage-3 step is 3.4% over its trace
+# without any lever too: that case is left out here.
+LEVERS = [dict(loss_chunks=4), dict(loss_chunks=3, checkpointing=True),
+          dict(offload_activations=True, checkpointing=True)]
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-gpt2"])
+@pytest.mark.parametrize("stage, precision", [(3, "fp32"), (3, "bf16-mixed"), (2, "fp32"),
+                                              (2, "bf16-mixed")])
+@pytest.mark.parametrize("lever", LEVERS, ids=lambda d: ",".join(d))
+def test_the_levers_under_fsdp_are_held_to_the_trace(model, stage, precision, lever):
+    if stage == 2 and lever.get("checkpointing"):
+        pytest.skip("FSDP2 frees more than ZeRO-2 with checkpointing (TRACE_CASES)")
+    if (model, stage, precision) == ("tiny-gpt2", 3, "fp32") and lever.get("checkpointing"):
+        pytest.skip("the plain step is 3.4% over its trace already")
+    traced = pytest.importorskip("memlab.distributed.traced")
+    kw = dict(SMALL, precision=precision, **lever)
+    trace = traced.trace_sharded(model, 4, reshard_after_forward=stage == 3, **kw)
+    est = estimate_sharded(model, zero_stage=stage, gpus=4, device="cpu", **kw)
+    assert est.per_gpu_peak_bytes == pytest.approx(trace.peak_bytes, rel=0.03)
+
+
+def test_levers_fsdp_does_not_model_are_refused_in_one_line():
+    kw = dict(batch_size=2, seq_len=128, precision="bf16-mixed")
+    with pytest.raises(MemlabError, match="modelled with full checkpointing only"):
+        estimate_sharded("tiny", zero_stage=3, gpus=4, offload_activations=True, **kw)
+    assert estimate_sharded("tiny", zero_stage=3, gpus=4, offload_activations=True,
+                            checkpointing=True, **kw).per_gpu_peak_bytes
 
 
 def test_context_parallel_ranks_share_the_model_states_of_their_data_parallel_group():

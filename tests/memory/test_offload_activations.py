@@ -55,7 +55,7 @@ def test_cli_refuses_offload_where_it_is_not_modelled(cli_error):
             "--offload-activations"]
     cli_error([*base, "--inference"], "--offload-activations is for a training step")
     cli_error([*base, "--zero-stage", "2", "--gpus", "4"],
-              "--zero-stage 2 with --offload-activations is not modelled")
+              "offload_activations at ZeRO stage 2 is modelled with full checkpointing only")
     cli_error([*base, "--lora-rank", "4"], "memlab trace", "or add checkpointing")
 
 

@@ -32,9 +32,9 @@ step's seconds add (no overlap is assumed, so each is an upper bound)
   recomputed), over the same link as the data-parallel collectives.
 
 Chapter 8's levers are tried where the estimators model them: the chunked loss
-(:data:`PLAN_LOSS_CHUNKS` chunks; exact, at the cost of the head's forward once more) and
-context parallelism (a ring of N GPUs per sequence, data parallel across rings) at ZeRO
-stages 0 and 1, where one GPU's activation side holds; the chunked loss with adapters too.
+(:data:`PLAN_LOSS_CHUNKS` chunks; exact, at the cost of the head's forward once more) with
+every set-up, and context parallelism (a ring of N GPUs per sequence, data parallel across
+rings) at ZeRO stages 0 and 1, where one GPU's activation side holds.
 Optimizers change what training does, not only its bytes, so the plan tries the ones named
 (``optimizers``; AdamW by default); adapters always train with AdamW, whose states are small.
 """
@@ -77,7 +77,7 @@ GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # num_output_chunks=8).
 PLAN_LOSS_CHUNKS = 8
 CONTEXT_PARALLEL = (2, 4, 8, 16, 32, 64)  # ring sizes tried, where 2N divides the sequence
-LEVER_STAGES = (0, 1)  # where the chunked loss and context parallelism are estimated
+RING_STAGES = (0, 1)  # where context parallelism is estimated (one GPU's activation side)
 LORA_RANK = 16
 QLORA_BASE = "nf4-dq"
 # The NVLink each catalogued GPU's data-parallel ring runs over (memlab.distributed.commtime).
@@ -460,8 +460,8 @@ def plan_training(model: ModelConfig | str, gpu: GPU | str, *, global_batch: int
     ``global_batch`` sequences of ``seq_len`` tokens per optimizer step; the data-parallel
     ranks (GPU counts, or GPU counts over the ring's size) must divide it. Full training tries
     ZeRO stages 0-3 with their offloads, each optimizer of ``optimizers``, and at stages 0-1
-    the chunked loss and rings of :data:`CONTEXT_PARALLEL` GPUs; LoRA and QLoRA run data
-    parallel (stage 0), with and without the chunked loss. Each set-up is listed once, on the
+    rings of :data:`CONTEXT_PARALLEL` GPUs; LoRA and QLoRA run data parallel (stage 0). Every
+    set-up is tried with and without the chunked loss. Each set-up is listed once, on the
     fewest of ``gpu_counts`` GPUs it fits, at its largest fitting power-of-two micro-batch.
     ``cpu_step`` is the offloaded optimizer step's rate (None:
     :func:`memlab.compute.offload.default_cpu_step_rate`).
@@ -571,9 +571,9 @@ def _setups(trains, optimizers, chunk_options, rings):
                     for ckpt in (False, True):
                         if offload == "activations" and not ckpt:
                             continue  # it moves the checkpointed units' inputs
-                        levers = not full or stage in LEVER_STAGES
-                        for chunks in chunk_options if levers else (1,):
-                            for cp in rings if full and levers and offload == "none" else (1,):
+                        ringed = full and stage in RING_STAGES and offload == "none"
+                        for chunks in chunk_options:
+                            for cp in rings if ringed else (1,):
                                 yield t, opt, stage, offload, ckpt, chunks, cp
 
 

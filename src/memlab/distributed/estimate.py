@@ -281,9 +281,11 @@ def estimate_sharded(
     :class:`~memlab.model.step.StepSpec`; ``batch_size`` is per GPU. ``layout`` is the byte
     layout (default: the precision's, :func:`layout_of`). See the module's docstring for what
     each stage holds. ``optimizer``: any of :data:`SHARDED_OPTIMIZERS`, its state kept over
-    each rank's shard; ``loss_chunks``, ``offload_activations`` and ``context_parallel`` N
-    (chapter 8) at stages 0 and 1, where the activation side is one GPU's (one rank's of a
-    ring of N, the ``gpus`` being data-parallel groups of N that share the model states).
+    each rank's shard. Chapter 8's levers: ``loss_chunks`` at every stage (at stage 3 the
+    chunked loss runs inside the root's forward, its units gathered); ``offload_activations``
+    at stages 0-1, and at stages 2-3 with full checkpointing; ``context_parallel`` N at stages
+    0 and 1, where the activation side is one GPU's (one rank's of a ring of N, the ``gpus``
+    being data-parallel groups of N that share the model states).
     """
     stage, gpus = check_stage(zero_stage), check_gpus(gpus)
     check_offload(offload, stage)
@@ -296,13 +298,13 @@ def estimate_sharded(
     if cp > 1 and gpus % cp:
         raise MemlabError(f"context_parallel {cp} must divide gpus {gpus}: the GPUs are "
                           f"data-parallel groups of {cp}")
-    levers = [f for f, on in (("loss_chunks", spec.loss_chunks != 1),
-                              ("offload_activations", spec.offload_activations),
-                              ("context_parallel", cp > 1)) if on]
-    if levers and stage >= 2:
-        raise MemlabError(f"{levers[0]} at ZeRO stage {stage} is not modelled (FSDP2 gathers the "
-                          f"root around the head and the blocks under the hooks); accepted "
-                          f"with it: zero_stage 0 or 1")
+    if stage >= 2 and cp > 1:
+        raise MemlabError(f"context_parallel at ZeRO stage {stage} is not modelled (FSDP would "
+                          f"shard over the rings too); accepted with it: zero_stage 0 or 1")
+    if stage >= 2 and spec.offload_activations and not spec.checkpointing:
+        raise MemlabError(f"offload_activations at ZeRO stage {stage} is modelled with full "
+                          f"checkpointing only (the units' inputs on the host); add "
+                          f"checkpointing, or use zero_stage 0 or 1")
     if offload != "none" and not adam:
         raise MemlabError(f"offload {offload!r} steps Adam on the CPU (ZeRO-Offload's CPU Adam), "
                           f"got optimizer {spec.optimizer!r}; accepted with offload: "
@@ -356,7 +358,8 @@ def estimate_sharded(
         grads = BackwardGrads(block=g_block, head=head_grad, largest=wb * max(block),
                               in_block=grads_done_in_block(cfg, compute))
         fwd, bwd = activation_peaks(cfg, saved, B, T, compute, spec.checkpointing, device,
-                                    accumulating, grads=grads)
+                                    accumulating, grads=grads, loss_chunks=spec.loss_chunks,
+                                    offload=spec.offload_activations)
         # The walk through the blocks alone, without the backward's start (the loss gradients,
         # where no block is gathered yet): with the head's saved tensors left out and a
         # one-token vocabulary, the start is below every point of the walk.
@@ -365,7 +368,8 @@ def estimate_sharded(
 
         def walk(layers: int) -> int:
             return activation_peaks(walk_cfg, walk_saved, B, T, compute, spec.checkpointing,
-                                    device, accumulating, grads=grads, layers=layers)[1]
+                                    device, accumulating, grads=grads, layers=layers,
+                                    offload=spec.offload_activations)[1]
 
         walk_top = walk(L)  # the top block
         # One block down: the block above left its gradient shard and its reduce-scatter buffer.
@@ -383,12 +387,15 @@ def estimate_sharded(
     # resharded after its forward, so the loss and its gradient see no gathered unit; it is
     # gathered again for the head's backward and stays until the end of the backward.
     root_w = wb * root if stage == 3 else 0
+    inside = spec.loss_chunks > 1  # the loss inside the root's forward, and its backward
     block_w = wb * blk if stage == 3 else 0
     two_blocks = 2 * block_w
     head_saved = sum(t.bytes for t in saved if t.scope == "head")
     A = base.saved_activations_bytes
     fwd_points = {
-        "loss": fwd,  # the logits and the loss, every unit resharded
+        # the logits and the loss, every unit resharded; a chunked loss runs inside the root's
+        # forward (memlab.model.transformer.Transformer.forward), the root gathered
+        "loss": fwd + (root_w if inside else 0),
         # inside the blocks, at most what the blocks save is alive
         "blocks": root_w + two_blocks + A - head_saved,
         # the end of the root's forward: the head's tensors, the last block's buffer
@@ -403,7 +410,7 @@ def estimate_sharded(
     gathered_at = {"start": 0, "head": 2 * root_w,
                    "top": root_w + block_w * (2 if L >= 2 else 1),
                    "next": root_w + block_w * (2 if L >= 3 else 1)}
-    bwd_points = {"start": bwd, "head": 2 * root_w + A,
+    bwd_points = {"start": bwd + (root_w + block_w if inside else 0), "head": 2 * root_w + A,
                   "top": gathered_at["top"] + walk_top, "next": gathered_at["next"] + walk_next}
     bwd_at = max(bwd_points, key=lambda k: bwd_points[k])
     backward_walk = held + bwd_points[bwd_at]
@@ -414,8 +421,9 @@ def estimate_sharded(
     VC = cfg.vocab_size * cfg.d_model
     tied_extra = 2 * wb * VC if cfg.tied else 0  # autograd's two partial embedding gradients
     end = P + S + G + tokens + tied_extra
-    if stage >= 2:
-        end += (wb + rb) * root - (_shard(rb * root, gpus) if fsdp else 0)
+    if stage >= 2:  # the two partial gradients are summed before the root's buffer is made
+        end += wb * root + max(rb * root - tied_extra, 0) - (_shard(rb * root, gpus) if fsdp
+                                                            else 0)
     backward = max(backward_walk, end)
     if adam:
         tensors = [(t, 1) for t in embed] + [(t, L) for t in block] + [(t, 1) for t in head]

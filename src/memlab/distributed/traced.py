@@ -23,8 +23,9 @@ import torch
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.measure.step import FakeScalars, default_dtype
 from memlab.model.config import ModelConfig, get_config
+from memlab.model.step import check_loss_chunks
 from memlab.model.train import make_optimizer
-from memlab.model.transformer import build_model, lm_loss
+from memlab.model.transformer import build_model, model_loss
 from memlab.units import to_unit
 
 TRACED_PRECISIONS = ("fp32", "bf16-mixed")  # bf16-mixed: bf16 gathered parameters, fp32 reductions
@@ -58,6 +59,8 @@ class ShardedTrace:
     # sharded params + sharded grads (at the end of the backward) + optimizer states, one rank
     model_state_bytes: int
     optimizer: str = "adamw"
+    loss_chunks: int = 1
+    offload_activations: bool = False
 
     def as_dict(self) -> dict:
         """The fields as a plain dict, bytes as ints (chapter: 6)."""
@@ -84,7 +87,8 @@ class ShardedTrace:
 
 
 def _check(model, gpus, reshard_after_forward, precision, batch_size, seq_len,
-           checkpointing, optimizer="adamw") -> ModelConfig:
+           checkpointing, optimizer="adamw", loss_chunks=1, offload_activations=False
+           ) -> ModelConfig:
     cfg = get_config(model) if isinstance(model, str) else model
     if not isinstance(cfg, ModelConfig):
         raise MemlabError(f"model must be a preset name or a ModelConfig, got {model!r}")
@@ -96,13 +100,15 @@ def _check(model, gpus, reshard_after_forward, precision, batch_size, seq_len,
     if gpus < 2:
         raise MemlabError(f"gpus must be an integer >= 2, got {gpus!r}")
     for name, flag in (("reshard_after_forward", reshard_after_forward),
-                       ("checkpointing", checkpointing)):
+                       ("checkpointing", checkpointing),
+                       ("offload_activations", offload_activations)):
         if not isinstance(flag, bool):
             raise MemlabError(f"{name} must be True or False, got {flag!r}")
     check_choice("precision", precision, TRACED_PRECISIONS)
     check_choice("optimizer", optimizer, TRACED_OPTIMIZERS)
     check_positive_int("batch_size", batch_size)
     check_positive_int("seq_len", seq_len)
+    check_loss_chunks(loss_chunks, batch_size * seq_len)
     if seq_len > cfg.max_seq_len:
         raise MemlabError(f"seq_len {seq_len} exceeds max_seq_len {cfg.max_seq_len} of model "
                           f"{cfg.name!r}")
@@ -159,7 +165,8 @@ def _optimizer_step(params: list, shards: list, optimizer: torch.optim.Optimizer
 
 def trace_sharded(model: str | ModelConfig, gpus: int, *, reshard_after_forward: bool = True,
                   precision: str = "fp32", batch_size: int = 1, seq_len: int = 2048,
-                  checkpointing: bool = False, optimizer: str = "adamw") -> ShardedTrace:
+                  checkpointing: bool = False, optimizer: str = "adamw", loss_chunks: int = 1,
+                  offload_activations: bool = False) -> ShardedTrace:
     """Per-rank memory of one FSDP2 training step over ``gpus`` ranks, traced on fake tensors (chapter: 6).
 
     ``optimizer`` (foreach) steps each rank's shards (:data:`TRACED_OPTIMIZERS`: bitsandbytes'
@@ -170,7 +177,7 @@ def trace_sharded(model: str | ModelConfig, gpus: int, *, reshard_after_forward:
     full shard of every padded parameter.
     """
     cfg = _check(model, gpus, reshard_after_forward, precision, batch_size, seq_len,
-                 checkpointing, optimizer)
+                 checkpointing, optimizer, loss_chunks, offload_activations)
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -194,7 +201,8 @@ def trace_sharded(model: str | ModelConfig, gpus: int, *, reshard_after_forward:
               if precision == "bf16-mixed" else MixedPrecisionPolicy())
         with FakeTensorMode(), FakeScalars():  # Adafactor reads scalars: 1 in a trace
             with default_dtype(torch.float32):
-                net = build_model(cfg, device="cpu", seed=None, checkpointing=checkpointing)
+                net = build_model(cfg, device="cpu", seed=None, checkpointing=checkpointing,
+                                  offload_activations=offload_activations)
             for block in net.blocks:  # one FSDP unit per block, then the root's own params
                 fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward,
                             mp_policy=mp)
@@ -219,7 +227,7 @@ def trace_sharded(model: str | ModelConfig, gpus: int, *, reshard_after_forward:
             tracker = Tracker(net, opt)  # counts the shards and states made above
             tracker.track_inputs((tokens,))
             with tracker:
-                loss = lm_loss(net(idx), targets)  # the logits die inside lm_loss
+                loss = model_loss(net, idx, targets, loss_chunks)  # the logits die inside
                 loss.backward()
                 del loss
                 grads = _bytes(tracker.get_tracker_snapshot("current"), categories)
@@ -235,7 +243,7 @@ def trace_sharded(model: str | ModelConfig, gpus: int, *, reshard_after_forward:
         batch_size=batch_size, seq_len=seq_len, checkpointing=checkpointing,
         peak_bytes=peak_bytes, peak_by_category=peak,
         model_state_bytes=after["sharded_param"] + grads["sharded_grad"] + after["opt"],
-        optimizer=optimizer,
+        optimizer=optimizer, loss_chunks=loss_chunks, offload_activations=offload_activations,
     )
 
 

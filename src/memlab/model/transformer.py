@@ -229,13 +229,15 @@ class Transformer(nn.Module):
         return x
 
     def forward(self, idx, kv_cache: KVCache | None = None, *, last_only: bool = False,
-                hidden: bool = False):
+                hidden: bool = False, targets=None, loss_chunks: int = 1):
         """Logits (B, T, V) for token ids (B, T); with ``kv_cache``, at positions pos..pos+T-1.
 
         ``last_only=True`` computes the last position's logits only, (B, 1, V): all that
         generation needs, and it spares the (B, T, V) logits of a prompt. ``hidden=True``
-        returns the final norm's output (B, T, C) instead, for a loss that applies the head
-        itself (:func:`memlab.model.loss.chunked_lm_loss`).
+        returns the final norm's output (B, T, C) instead. ``targets`` (B, T) returns the loss
+        of the head applied over ``loss_chunks`` chunks of tokens
+        (:func:`memlab.model.loss.chunked_lm_loss`), inside the forward, where a sharded model
+        has its head gathered.
         """
         B, T = idx.shape
         pos = 0 if kv_cache is None else kv_cache.pos
@@ -267,6 +269,8 @@ class Transformer(nn.Module):
             kv_cache.pos = pos + T
         if last_only:
             x = x[:, -1:]  # (B, 1, C)
+        if targets is not None:
+            return chunked_lm_loss(self.norm_f(x), self.lm_head.weight, targets, loss_chunks)
         if hidden:
             return self.norm_f(x)  # (B, T, C)
         return self.lm_head(self.norm_f(x))  # (B, T, V), or (B, 1, V)
@@ -344,4 +348,4 @@ def model_loss(model: Transformer, idx, targets, loss_chunks: int = 1):
     """
     if loss_chunks == 1:
         return lm_loss(model(idx), targets)  # the logits die inside lm_loss, as in training
-    return chunked_lm_loss(model(idx, hidden=True), model.lm_head.weight, targets, loss_chunks)
+    return model(idx, targets=targets, loss_chunks=loss_chunks)
