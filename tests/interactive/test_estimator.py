@@ -23,7 +23,7 @@ from memlab.interactive.page import static_script  # noqa: E402
 from memlab.interactive.walk import WALK_FILE, page_walk, walk_tables, walk_text  # noqa: E402
 from memlab.memory.activations import COMPUTE_BYTES, PARAM_BYTES, saved_tensors
 from memlab.memory.estimator import BNB_BLOCK, BNB_MIN_NUMEL, estimate
-from memlab.model.config import PRESETS, config_from_hf_dict, get_config  # noqa: E402
+from memlab.model.config import PRESETS, get_config  # noqa: E402
 from memlab.model.step import PHASES  # noqa: E402
 
 
@@ -275,7 +275,7 @@ def test_test_settings_are_seeded_and_cover_every_switch():
                 "checkpointing", "loss_chunks", "offload_activations", "context_parallel"):
         assert len({s[key] for _, _, s in cases}) > 1, key
     for raw in pasted:  # every random config is one the loader accepts
-        config_from_hf_dict(raw, est.PASTED_SOURCE)
+        est.pasted_config(raw)
 
 
 NODE_RUNNER = """
@@ -307,7 +307,7 @@ def test_script_under_node_matches_python_when_node_is_there():
     got = json.loads(run.stdout)
     bad = []
     for (key, raw, setting), page in zip(cases, got, strict=True):
-        cfg = PRESETS[key] if raw is None else config_from_hf_dict(raw, est.PASTED_SOURCE)
+        cfg = PRESETS[key] if raw is None else est.pasted_config(raw)
         want = est.estimate_readout(cfg, **setting)
         if page != want:
             bad.append((key or raw, setting, page, want))
@@ -338,7 +338,7 @@ def test_script_under_node_matches_python_under_context_parallelism():
     got = json.loads(run.stdout)
     answered = 0
     for (key, raw, setting), page in zip(cases, got, strict=True):
-        cfg = PRESETS[key] if raw is None else config_from_hf_dict(raw, est.PASTED_SOURCE)
+        cfg = PRESETS[key] if raw is None else est.pasted_config(raw)
         assert page == est.estimate_readout(cfg, **setting), (key or raw, setting)
         answered += page["error"] is None
     assert answered > 100
@@ -361,7 +361,7 @@ def test_script_under_node_matches_python_for_the_chapter_8_optimizers(optimizer
     assert run.returncode == 0, run.stderr[-2000:]
     pages = json.loads(run.stdout)
     for (key, raw, setting), page in zip(cases, pages, strict=True):
-        cfg = PRESETS[key] if raw is None else config_from_hf_dict(raw, est.PASTED_SOURCE)
+        cfg = PRESETS[key] if raw is None else est.pasted_config(raw)
         assert page == est.estimate_readout(cfg, **setting), (key or raw, setting)
     assert sum(page["error"] is None for page in pages) > 150  # most settings are estimated
     assert any("has no fused kernel" in (page["error"] or "") for page in pages)
@@ -389,7 +389,7 @@ def test_script_under_node_matches_python_with_loss_chunks_and_offloading(chunks
              if setting["batch_size"] * setting["seq_len"] >= chunks]
     pages = _node_pages(cases)
     for (key, raw, setting), page in zip(cases, pages, strict=True):
-        cfg = PRESETS[key] if raw is None else config_from_hf_dict(raw, est.PASTED_SOURCE)
+        cfg = PRESETS[key] if raw is None else est.pasted_config(raw)
         assert page == est.estimate_readout(cfg, **setting), (key or raw, setting)
     answered = [page for page in pages if page["error"] is None]
     assert len(answered) > 100

@@ -19,7 +19,7 @@ import pytest
 from memlab.errors import MemlabError
 from memlab.gpus import CATALOGUE
 from memlab.interactive import estimator as est
-from memlab.model.config import PRESETS, config_from_hf_dict
+from memlab.model.config import PRESETS
 from memlab.model.step import PHASES
 
 pytestmark = pytest.mark.browser
@@ -81,7 +81,7 @@ def shown(readout: dict) -> dict:
 
 
 def expected(key: str | None, raw: dict | None, setting: dict) -> dict:
-    cfg = PRESETS[key] if raw is None else config_from_hf_dict(raw, est.PASTED_SOURCE)
+    cfg = PRESETS[key] if raw is None else est.pasted_config(raw)
     return shown(est.estimate_readout(cfg, **setting))
 
 
@@ -207,7 +207,7 @@ def test_script_matches_memlab_estimate_over_random_settings(open_estimator):
         if page_shows != want:
             bad.append(((key or raw, setting), page_shows, want))
         if raw is not None:
-            cfg = config_from_hf_dict(raw, est.PASTED_SOURCE)
+            cfg = est.pasted_config(raw)
             assert model == est.PASTED_KEY and status == (
                 f"using {cfg.name}: {cfg.num_parameters():,} parameters"), status
         else:
@@ -319,7 +319,7 @@ def test_pasting_config_jsons_of_several_shapes(open_estimator):
                ("optimizer", "sgd-momentum"), ("batch_size", 3)]
     for i, name in enumerate(sorted(HF_CONFIGS)):
         raw = HF_CONFIGS[name]
-        cfg = config_from_hf_dict(raw, est.PASTED_SOURCE)
+        cfg = est.pasted_config(raw)
         status = _paste(page, json.dumps(raw, indent=2))
         assert status == f"using {cfg.name}: {cfg.num_parameters():,} parameters"
         assert menu.input_value() == est.PASTED_KEY and not option.is_disabled()
@@ -337,7 +337,7 @@ def test_pasting_config_jsons_of_several_shapes(open_estimator):
 
 def _python_error(raw) -> str:
     with pytest.raises(MemlabError) as info:
-        config_from_hf_dict(raw, est.PASTED_SOURCE)
+        est.pasted_config(raw)
     return f"memlab: error: {info.value}"
 
 

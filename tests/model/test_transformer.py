@@ -96,6 +96,31 @@ def test_hf_llama_config_loads(tmp_path):
     assert cfg.num_parameters() == PUBLISHED["llama2-7b"]
 
 
+# Qwen2's config.json (Qwen2.5-7B's and Qwen2.5-0.5B's shapes, as published): biases on q, k, v
+# come from the family, not the file; a sliding window is refused in one line.
+QWEN2 = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+         "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+         "vocab_size": 152064, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+         "rope_theta": 1000000.0, "tie_word_embeddings": False, "use_sliding_window": False}
+QWEN2_05B = dict(QWEN2, hidden_size=896, intermediate_size=4864, num_attention_heads=14,
+                 num_hidden_layers=24, num_key_value_heads=2, vocab_size=151936,
+                 tie_word_embeddings=True)
+
+
+def test_hf_qwen2_configs_load_with_their_biases(tmp_path):
+    from memlab.model.config import config_from_hf_dict
+
+    cfg = config_from_hf_dict(QWEN2)
+    assert cfg.qkv_bias and cfg.num_parameters() == PUBLISHED["qwen2.5-7b"]
+    assert config_from_hf_dict(QWEN2_05B).num_parameters() == 494_032_768  # Qwen2.5-0.5B
+    with pytest.raises(MemlabError, match="sets use_sliding_window to True.*accepted: false"):
+        config_from_hf_dict(dict(QWEN2, use_sliding_window=True))
+    # the page reads the families it has tables for: not Qwen2's biases, named in its error
+    from memlab.interactive.estimator import PAGE_STYLES
+
+    assert "qwen2" not in PAGE_STYLES and set(PAGE_STYLES) < {"gpt2", "llama", "mistral", "qwen2"}
+
+
 def test_hf_gpt2_config_loads(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({
@@ -173,8 +198,8 @@ def test_hf_configs_this_model_cannot_express_are_refused(tmp_path):
     path.write_text(json.dumps(dict(base, attention_bias=True)))
     with pytest.raises(MemlabError, match="biases"):
         get_config(str(path))
-    path.write_text(json.dumps(dict(base, model_type="qwen2")))
-    with pytest.raises(MemlabError, match="model_type 'qwen2'"):
+    path.write_text(json.dumps(dict(base, model_type="gemma2")))
+    with pytest.raises(MemlabError, match="model_type 'gemma2'"):
         get_config(str(path))
 
 
@@ -230,7 +255,7 @@ def test_hf_config_is_named_by_its_own_name_else_by_its_path(tmp_path):
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({"model_type": ["llama"]}, "the config has model_type ['llama']; accepted: gpt2, llama, mistral"),
+    ({"model_type": ["llama"]}, "the config has model_type ['llama']; accepted: gpt2, llama, mistral, qwen2"),
     ({"model_type": "gpt2", "vocab_size": 10, "n_layer": 1, "n_head": 1, "n_positions": 8},
      "the config lacks the key 'n_embd'; accepted keys: n_embd, hidden_size"),
     ({"model_type": "llama", "vocab_size": 10, "num_hidden_layers": 1, "num_attention_heads": 2,

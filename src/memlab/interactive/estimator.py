@@ -33,6 +33,7 @@ from memlab.model.config import (
     ATTENTION_IMPLS,
     HF_BIAS_FLAGS,
     HF_FIELDS,
+    HF_FIXED,
     HF_KINDS,
     HF_STYLES,
     OPTIMIZER_IMPLS,
@@ -40,6 +41,7 @@ from memlab.model.config import (
     PRECISIONS,
     PRESETS,
     ModelConfig,
+    config_from_hf_dict,
     get_config,
 )
 from memlab.model.config import DEFAULT_BLOCK as FLASH_BLOCK
@@ -49,6 +51,9 @@ from memlab.units import UNITS, fmt_bytes, to_unit
 
 BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192)
+# The config.json families the page reads: not those with fixed biases on q, k and v, which the
+# page's tables have no variant for (as its presets, _model_names).
+PAGE_STYLES = {t: s for t, s in HF_STYLES.items() if not HF_FIXED.get(t, {}).get("qkv_bias")}
 
 
 def _model_names() -> tuple[str, ...]:
@@ -103,6 +108,13 @@ def estimate_summary(model: str | ModelConfig = "llama2-7b", batch_size: int = 1
 
 PASTED_KEY = "pasted"  # the model menu's entry for a pasted config.json
 PASTED_SOURCE = "the pasted config"  # how the one-line errors name it
+
+
+def pasted_config(raw) -> ModelConfig:
+    """The model of a config.json pasted into the page, read as its script reads it (chapter: 1)."""
+    return config_from_hf_dict(raw, PASTED_SOURCE, styles=PAGE_STYLES)
+
+
 READOUT_UNITS = ("GiB", "MiB")  # GiB when the peak reaches 1 GiB, else MiB
 DECIMALS = 2  # digits after the point of every amount shown
 BILLION = 10**9  # the menu's parameter counts are in billions: "llama2-7b (6.74B)"
@@ -257,7 +269,7 @@ def estimator_data(model: str | ModelConfig = "llama2-7b", gpus=CATALOGUE) -> di
         "pasted_key": PASTED_KEY,
         "pasted_source": PASTED_SOURCE,
         "hf": {
-            "styles": dict(HF_STYLES),
+            "styles": PAGE_STYLES,
             "kinds": dict(HF_KINDS),
             "bias_flags": list(HF_BIAS_FLAGS),
             "fields": {style: [{"field": f.field, "keys": list(f.keys), "kind": f.kind,
@@ -417,7 +429,7 @@ def _estimator_html(setting: dict, model: str | ModelConfig, gpus) -> str:
         + f'<label class="est-check"><input type="checkbox" data-role="offload_activations"'
         f'{" checked" if s.get("offload_activations") else ""}> offload activations to the host'
         f"</label>")
-    accepted = ", ".join(HF_STYLES)
+    accepted = ", ".join(PAGE_STYLES)
     foot = (f"estimated: the formulas of memlab.memory.estimate, recomputed in this page at every "
             f"change (no kernel). A peak fits on a GPU when it is at most the GPU's usable memory "
             f"(memlab.gpus): the total nvidia-smi reports minus {fmt_bytes(RESERVED_BYTES)} kept "
@@ -516,7 +528,7 @@ def memory_estimator(model: str | ModelConfig = "llama2-7b", *, batch_size: int 
 def _random_hf_config(rng: random.Random) -> dict:
     """A valid config.json of a random shape: GPT-2 or Llama style, GQA or not, any vocabulary,
     tied or not, MLP width given or GPT-2's default."""
-    mtype = rng.choice(sorted(HF_STYLES))
+    mtype = rng.choice(sorted(PAGE_STYLES))
     nh = rng.choice([1, 2, 4, 6, 8, 12, 25, 32])
     C = nh * rng.choice([2, 6, 16, 64, 128])
     L = rng.choice([1, 2, 3, 12, 24])

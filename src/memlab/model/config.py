@@ -215,7 +215,11 @@ def get_config(name_or_path: str | Path, **overrides) -> ModelConfig:
 # Hugging Face config.json -------------------------------------------------------------------
 # One table says how a config.json becomes a ModelConfig; the Python loader below and the
 # kernel-free estimator's script (memlab.interactive.estimator) both read it.
-HF_STYLES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama"}  # model_type -> style
+HF_STYLES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama",  # model_type -> style
+             "qwen2": "llama"}
+# Fields a family fixes rather than its config.json: Qwen2 always has q/k/v biases
+# (transformers' Qwen2Attention: bias=True on q_proj, k_proj, v_proj; none on o_proj).
+HF_FIXED = {"qwen2": {"qkv_bias": True}}
 HF_KINDS = {  # what a field's value must be, as the one-line errors say it
     "count": "a positive integer",
     "count-or-null": "a positive integer or null",
@@ -285,18 +289,21 @@ def _hf_value(source: str, key: str, value, kind: str):
     return value
 
 
-def config_from_hf_dict(raw, source: str = "the config", name: str | None = None) -> ModelConfig:
-    """A :class:`ModelConfig` from a parsed Hugging Face config.json (GPT-2, Llama, Mistral) (chapter: 1).
+def config_from_hf_dict(raw, source: str = "the config", name: str | None = None,
+                        styles: dict[str, str] | None = None) -> ModelConfig:
+    """A :class:`ModelConfig` from a parsed config.json: GPT-2, Llama, Mistral, Qwen2 (chapters: 1, 8).
 
     ``source`` names the config in the one-line errors; the model's name is the config's
-    ``_name_or_path``, else ``name``, else its model_type and size.
+    ``_name_or_path``, else ``name``, else its model_type and size. ``styles``: the families
+    accepted (default :data:`HF_STYLES`).
     """
+    styles = HF_STYLES if styles is None else styles
     if not isinstance(raw, dict):
         raise MemlabError(f"{source} must hold a JSON object")
     mtype = raw.get("model_type")
-    if not isinstance(mtype, str) or mtype not in HF_STYLES:
-        raise MemlabError(f"{source} has model_type {mtype!r}; accepted: {', '.join(HF_STYLES)}")
-    style = HF_STYLES[mtype]
+    if not isinstance(mtype, str) or mtype not in styles:
+        raise MemlabError(f"{source} has model_type {mtype!r}; accepted: {', '.join(styles)}")
+    style = styles[mtype]
     if style == "llama":  # shapes this model cannot express are refused rather than counted wrongly
         for flag in HF_BIAS_FLAGS:
             if raw.get(flag):
@@ -325,10 +332,14 @@ def config_from_hf_dict(raw, source: str = "the config", name: str | None = None
         raise MemlabError(f"{source} sets head_dim {raw['head_dim']!r}, not {used['d_model']} / "
                           f"{used['n_head']} = {C // nh}, which the book's model needs; accepted: "
                           f"{C // nh} or absent")
+    if raw.get("use_sliding_window"):
+        raise MemlabError(f"{source} sets use_sliding_window to {raw['use_sliding_window']!r}: "
+                          f"the book's model attends to every earlier token; accepted: false or "
+                          f"absent")
     own = raw.get("_name_or_path")
     if not (isinstance(own, str) and own):
         own = name or f"{mtype} ({values['n_layer']} layers, width {C})"
-    return ModelConfig(name=own, style=style, **values)
+    return ModelConfig(name=own, style=style, **values, **HF_FIXED.get(mtype, {}))
 
 
 def config_from_hf(path: str | Path) -> ModelConfig:
