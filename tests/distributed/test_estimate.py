@@ -309,3 +309,19 @@ def test_context_parallel_ranks_share_the_model_states_of_their_data_parallel_gr
         estimate_sharded("tiny", zero_stage=1, gpus=6, context_parallel=4, **kw)
     with pytest.raises(MemlabError, match="context_parallel at ZeRO stage 2 is not modelled"):
         estimate_sharded("tiny", zero_stage=2, gpus=8, context_parallel=4, **kw)
+
+
+# Configs drawn at random that showed the end of a stage-3 backward too low: a tied embedding's
+# two partial gradients are summed while the root is still gathered and the last block's
+# reduce-scatter buffer is alive (seeds of tests/conftest.py's random_step).
+@pytest.mark.parametrize("seed", [5, 24, 27])
+def test_the_end_of_a_tied_models_stage_3_backward_is_held_to_the_trace(seed, random_step):
+    traced = pytest.importorskip("memlab.distributed.traced")
+    cfg, step = random_step(seed, checkpointing=[True, False])
+    assert cfg.tied
+    precision = "bf16-mixed" if step.pop("precision") != "fp32" else "fp32"
+    gpus = 2 + seed % 3
+    trace = traced.trace_sharded(cfg, gpus, precision=precision, **step)
+    est = estimate_sharded(cfg, zero_stage=3, gpus=gpus, precision=precision, device="cpu",
+                           **step)
+    assert est.per_gpu_peak_bytes == pytest.approx(trace.peak_bytes, rel=0.03), (cfg, step)

@@ -421,9 +421,17 @@ def estimate_sharded(
     VC = cfg.vocab_size * cfg.d_model
     tied_extra = 2 * wb * VC if cfg.tied else 0  # autograd's two partial embedding gradients
     end = P + S + G + tokens + tied_extra
-    if stage >= 2:  # the two partial gradients are summed before the root's buffer is made
-        end += wb * root + max(rb * root - tied_extra, 0) - (_shard(rb * root, gpus) if fsdp
-                                                            else 0)
+    if fsdp:
+        # Two moments. The root's gradients are whole (a tied embedding's two partial
+        # gradients summed), the root still gathered and the last block's reduce-scatter
+        # buffer alive; then the root is resharded and its gradients copied into its own
+        # buffer, the block's freed. Each finished block has left its gradient shard.
+        g_blocks = G - _shard(rb * root, gpus)
+        summed = P + S + tokens + g_blocks + rs_block + root_w + wb * root + tied_extra
+        copied = P + S + tokens + g_blocks + (wb + rb) * root
+        end = max(summed, copied)
+    elif stage >= 2:  # offloaded: the root's whole gradients and their buffer
+        end += (wb + rb) * root
     backward = max(backward_walk, end)
     if adam:
         tensors = [(t, 1) for t in embed] + [(t, L) for t in block] + [(t, 1) for t in head]
