@@ -57,3 +57,16 @@ def part_of_chapter(chapter: str) -> Part:
 
     check_choice("chapter", chapter, [p.chapter for p in PARTS])
     return next(p for p in PARTS if p.chapter == chapter)
+
+
+def glue(name: str, value) -> None:
+    """Name a computed value for the page's prose, which reads it as {glue:text}`name` (chapter: 8).
+
+    myst-nb's ``glue``, hidden (the cell shows what it prints). Where myst-nb is not installed
+    (Colab, Binder) no page is built, so nothing reads the name and nothing is written.
+    """
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        return
+    myst_glue(name, value, display=False)

@@ -25,13 +25,6 @@ SIZE = SIZES["ci"]
 B, T = SIZE["batch_size"], SIZE["seq_len"]
 
 
-@pytest.fixture
-def lab():
-    lab = get_lab("lab00")
-    lab.reset()
-    return lab
-
-
 def _measure(**switches):
     setup = dict(batch_size=B, seq_len=T, precision="fp32", optimizer="adamw")
     setup.update(switches)
@@ -52,12 +45,6 @@ def steps():
 @pytest.fixture(scope="module")
 def peaks():
     return expression_peaks(device="cpu")
-
-
-def _line(capsys) -> str:
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1, f"a check prints exactly one line, got {out!r}"
-    return out.rstrip("\n")
 
 
 def _n():
@@ -105,25 +92,25 @@ def test_the_steps_behave_as_the_lab_says(steps):
 
 
 @pytest.mark.parametrize("ex", ["0.1", "0.2", "0.3", "0.4", "0.5"])
-def test_reference_answers_pass(lab, capsys, steps, peaks, ex):
+def test_reference_answers_pass(lab, printed, steps, peaks, ex):
     answer = _answers(steps, peaks[1])[ex]
     assert lab.check(ex, answer, **_context(ex, steps, peaks)).ok
-    assert _line(capsys) == f"✅ {ex} correct"
+    assert printed() == f"✅ {ex} correct"
 
 
 @pytest.mark.parametrize("ex", ["0.1", "0.2", "0.3", "0.4", "0.5"])
-def test_stubs_are_not_attempted(lab, capsys, steps, peaks, ex):
+def test_stubs_are_not_attempted(lab, printed, steps, peaks, ex):
     stub = {"0.1": dict.fromkeys(EXPRESSIONS), "0.5": {"phase": None, "peak_bytes": None}}.get(ex)
     for answer in (None, stub):
         assert lab.check(ex, answer, **_context(ex, steps, peaks)).status == "not attempted"
-        _line(capsys)
+        printed()
 
 
 @pytest.mark.parametrize("ex", ["0.1", "0.2", "0.3", "0.4", "0.5"])
-def test_wrong_types_are_not_yet_never_a_traceback(lab, capsys, steps, peaks, ex):
+def test_wrong_types_are_not_yet_never_a_traceback(lab, printed, steps, peaks, ex):
     for answer in ("big", [1, 2], {"x": 1}):
         assert lab.check(ex, answer, **_context(ex, steps, peaks)).status == "not yet"
-        _line(capsys)
+        printed()
 
 
 def _distinct(values: list[float], expected: float, rtol: float) -> None:
@@ -142,28 +129,28 @@ def _distinct(values: list[float], expected: float, rtol: float) -> None:
         ("0.4", sgd_slips, "step_sgd"),
     ],
 )
-def test_each_slip_gets_its_own_hint(lab, capsys, steps, peaks, ex, slips, measured):
+def test_each_slip_gets_its_own_hint(lab, printed, steps, peaks, ex, slips, measured):
     listed = slips(steps["step"])
     rtol = lab.get(ex).rtol
     _distinct([v for v, _ in listed], steps[measured].peak_bytes, rtol)
     for value, hint in listed:
         assert lab.check(ex, value, **_context(ex, steps, peaks)).status == "not yet"
-        line = _line(capsys)
+        line = printed()
         assert hint in line
         assert not any(other in line for _, other in listed if other != hint)
     # an answer no slip explains gets the generic hint, none of the named ones
     lab.check(ex, 0.5 * steps[measured].peak_bytes, **_context(ex, steps, peaks))
-    line = _line(capsys)
+    line = printed()
     assert not any(h in line for _, h in listed)
 
 
-def test_doubling_everything_is_the_review_case(lab, capsys, steps, peaks):
+def test_doubling_everything_is_the_review_case(lab, printed, steps, peaks):
     """Twice the peak is the usual wrong answer when the batch doubles: it names the model states."""
     lab.check("0.2", 2 * steps["step"].peak_bytes, **_context("0.2", steps, peaks))
-    assert "do not depend on the batch" in _line(capsys)
+    assert "do not depend on the batch" in printed()
 
 
-def test_temporaries_hints(lab, capsys, steps, peaks):
+def test_temporaries_hints(lab, printed, steps, peaks):
     peak_map, x_bytes = peaks
     ctx = _context("0.1", steps, peaks)
     cases = [
@@ -175,25 +162,25 @@ def test_temporaries_hints(lab, capsys, steps, peaks):
     named = [words for _, words in cases]
     for answer, words in cases:
         assert lab.check("0.1", answer, **ctx).status == "not yet"
-        line = _line(capsys)
+        line = printed()
         assert words in line
         assert not any(other in line for other in named if other != words)
     assert x_bytes == ELEMENTS * torch.float32.itemsize
     assert set(peak_map) == set(EXPRESSIONS)
 
 
-def test_short_step_hints(lab, capsys, steps, peaks):
+def test_short_step_hints(lab, printed, steps, peaks):
     ctx = _context("0.5", steps, peaks)
     n = _n()
     right = (4 + 4 + 8 + 4) * n
     lab.check("0.5", {"phase": "backward", "peak_bytes": right}, **ctx)
-    line = _line(capsys)
+    line = printed()
     assert "the phase:" in line and "the peak bytes" not in line
     listed = short_slips(steps["step"])
     _distinct([v for v, _ in listed], steps["step_short"].peak_bytes, lab.get("0.5").rtol)
     for value, hint in listed:
         lab.check("0.5", {"phase": "optimizer", "peak_bytes": value}, **ctx)
-        line = _line(capsys)
+        line = printed()
         assert hint in line and "the phase:" not in line
     lab.check("0.5", {"phase": "warmup", "peak_bytes": right}, **ctx)
-    assert "the phase is one of 'forward', 'backward', 'optimizer'" in _line(capsys)
+    assert "the phase is one of 'forward', 'backward', 'optimizer'" in printed()

@@ -31,13 +31,6 @@ from memlab.memory.activations import saved_tensors
 B, T = BLOCK["batch_size"], BLOCK["seq_len"]
 
 
-@pytest.fixture
-def lab():
-    lab = get_lab("lab01")
-    lab.reset()
-    return lab
-
-
 @pytest.fixture(scope="module")
 def steps():
     cfg = block_config()
@@ -57,12 +50,6 @@ def ratios(blocks):
     return at_t, at_2t
 
 
-def _line(capsys) -> str:
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1, f"a check prints exactly one line, got {out!r}"
-    return out.rstrip("\n")
-
-
 def _distinct(values, expected, rtol):
     for i, v in enumerate(values):
         assert not close_to(v, expected, rtol), f"slip {i} would pass"
@@ -80,13 +67,13 @@ RIGHT_BPP = {"fp32 AdamW": 16, "bf16-mixed AdamW": 16, "bf16 AdamW": 8,
              "fp32 SGD with momentum": 12}
 
 
-def test_bytes_per_parameter_correct(lab, capsys, steps):
+def test_bytes_per_parameter_correct(lab, printed, steps):
     assert lab.check("1.1", RIGHT_BPP, steps=steps).ok
-    assert _line(capsys) == "✅ 1.1 correct"
+    assert printed() == "✅ 1.1 correct"
 
 
 @pytest.mark.parametrize("setup", list(SETUPS))
-def test_each_bpp_slip_gets_its_hint(lab, capsys, steps, setup):
+def test_each_bpp_slip_gets_its_hint(lab, printed, steps, setup):
     measured = bytes_per_parameter(steps[setup])
     listed = bpp_slips(setup, measured)
     assert listed, f"no typical wrong answers listed for {setup}"
@@ -94,26 +81,26 @@ def test_each_bpp_slip_gets_its_hint(lab, capsys, steps, setup):
     for value, hint in listed:
         answer = {**RIGHT_BPP, setup: round(value)}
         assert lab.check("1.1", answer, steps=steps).status == "not yet"
-        line = _line(capsys)
+        line = printed()
         assert "1 of 4 not right" in line and f"{setup!r}: {hint}" in line
         assert not any(other in line for _, other in listed if other != hint)
 
 
-def test_the_18_byte_convention_is_named(lab, capsys, steps):
+def test_the_18_byte_convention_is_named(lab, printed, steps):
     """Other books' 18 bytes for mixed-precision AdamW get a hint that explains this book's 16."""
     lab.check("1.1", {**RIGHT_BPP, "bf16-mixed AdamW": 18}, steps=steps)
-    line = _line(capsys)
+    line = printed()
     assert "18 bytes is the convention of other books" in line
     assert "master copy" in line and "weight-cast cache" in line
 
 
-def test_bpp_wrong_shape_of_answer(lab, capsys, steps):
+def test_bpp_wrong_shape_of_answer(lab, printed, steps):
     lab.check("1.1", {"fp32 AdamW": 16}, steps=steps)
-    assert "missing keys" in _line(capsys)
+    assert "missing keys" in printed()
     lab.check("1.1", {**RIGHT_BPP, "bf16 AdamW": "eight"}, steps=steps)
-    assert "answer a number of bytes" in _line(capsys)
+    assert "answer a number of bytes" in printed()
     assert lab.check("1.1", dict.fromkeys(SETUPS), steps=steps).status == "not attempted"
-    _line(capsys)
+    printed()
 
 
 # -------------------------------------------------------------- 1.2 one block
@@ -133,29 +120,29 @@ def test_block_trace_matches_the_formula_and_the_estimator(blocks):
     assert cfg.kv_heads < cfg.n_head  # k and v's repetition is a slip of its own
 
 
-def test_block_correct(lab, capsys, blocks):
+def test_block_correct(lab, printed, blocks):
     assert lab.check("1.2", _formula(block_config()), blocks=blocks).ok
-    _line(capsys)
+    printed()
 
 
-def test_missing_kv_repetition_fails_with_its_hint(lab, capsys, blocks):
+def test_missing_kv_repetition_fails_with_its_hint(lab, printed, blocks):
     """The review's case: k and v left at n_kv_head heads must fail, and say why."""
     cfg = block_config()
     C, F, nh, nkv, hs = cfg.d_model, cfg.ffn_dim, cfg.n_head, cfg.kv_heads, cfg.head_dim
     per_token = (3 * C + 1) + C + 2 * nkv * hs + C + nh + C + (3 * C + 1) + 4 * F
     assert lab.check("1.2", 4 * B * T * per_token, blocks=blocks).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert "repeated to all nh heads" in line
     assert "head merge" not in line and "merged back" not in line
 
 
-def test_each_block_slip_gets_its_hint(lab, capsys, blocks):
+def test_each_block_slip_gets_its_hint(lab, printed, blocks):
     traced = one_block_bytes(blocks)
     listed = block_slips(block_config(), B, T, traced)
     _distinct([v for v, *_ in listed], traced, BLOCK_RTOL)
     for value, hint, _label in listed:
         assert lab.check("1.2", value, blocks=blocks).status == "not yet"
-        line = _line(capsys)
+        line = printed()
         assert hint in line
         assert not any(other in line for _, other, _ in listed if other != hint)
         assert "units" not in line
@@ -174,33 +161,33 @@ def _expected_ratios(ratios):
     return {a: one_block_bytes(at_2t[a]) / one_block_bytes(at_t[a]) for a in at_t}
 
 
-def test_ratios_correct(lab, capsys, ratios):
+def test_ratios_correct(lab, printed, ratios):
     at_t, at_2t = ratios
     expected = _expected_ratios(ratios)
     assert expected["sdpa"] == 2.0 and 2.0 < expected["eager"] < 4.0
     assert lab.check("1.3", expected, at_t=at_t, at_2t=at_2t).ok
-    _line(capsys)
+    printed()
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_each_ratio_slip_gets_its_hint(lab, capsys, ratios, attention):
+def test_each_ratio_slip_gets_its_hint(lab, printed, ratios, attention):
     at_t, at_2t = ratios
     expected = _expected_ratios(ratios)
     listed = ratio_slips(attention, expected[attention])
     _distinct([v for v, _ in listed], expected[attention], lab.get("1.3").rtol)
     for value, hint in listed:
         lab.check("1.3", {**expected, attention: value}, at_t=at_t, at_2t=at_2t)
-        line = _line(capsys)
+        line = printed()
         assert f"{attention!r}: {hint}" in line
         assert not any(other in line for _, other in listed if other != hint)
 
 
-def test_ratios_are_dimensionless(lab, capsys, ratios):
+def test_ratios_are_dimensionless(lab, printed, ratios):
     """A ratio is never blamed on units, however its error happens to look."""
     at_t, at_2t = ratios
     expected = _expected_ratios(ratios)
     lab.check("1.3", {**expected, "eager": expected["eager"] * 2**20 / 10**6}, at_t=at_t, at_2t=at_2t)
-    line = _line(capsys)
+    line = printed()
     assert "units" not in line and "MiB" not in line
     assert lab.get("1.3").dimensionless
 
@@ -208,13 +195,13 @@ def test_ratios_are_dimensionless(lab, capsys, ratios):
 # -------------------------------------------------------------------- 1.4 GPUs
 
 
-def test_gpus_correct(lab, capsys):
+def test_gpus_correct(lab, printed):
     right = {name: smallest_gpu(job_peak_bytes(job)) for name, job in JOBS.items()}
     assert lab.check("1.4", right, jobs=JOBS).ok
-    _line(capsys)
+    printed()
 
 
-def test_gpu_hints(lab, capsys):
+def test_gpu_hints(lab, printed):
     right = {name: smallest_gpu(job_peak_bytes(job)) for name, job in JOBS.items()}
     order = [g.name for g in gpus_by_memory()]
     for name, job in JOBS.items():
@@ -222,19 +209,19 @@ def test_gpu_hints(lab, capsys):
         smaller = order[: order.index(expected)] if expected != NONE else order
         if smaller:
             lab.check("1.4", {**right, name: smaller[-1]}, jobs=JOBS)
-            assert "does not fit" in _line(capsys)
+            assert "does not fit" in printed()
         if expected != NONE:
             lab.check("1.4", {**right, name: NONE}, jobs=JOBS)
-            assert "a GPU of the catalogue holds it" in _line(capsys)
+            assert "a GPU of the catalogue holds it" in printed()
             bigger = [g for g in order[order.index(expected) + 1:]
                       if get_gpu(g).usable_bytes > get_gpu(expected).usable_bytes]
             if bigger:
                 lab.check("1.4", {**right, name: bigger[0]}, jobs=JOBS)
-                line = _line(capsys)
+                line = printed()
                 assert "a smaller GPU holds it" in line
                 assert ("GiB and GB" in line) == (job["optimizer"] == "adamw-8bit")
     lab.check("1.4", {**right, next(iter(JOBS)): "V100"}, jobs=JOBS)
-    assert "answer a GPU name" in _line(capsys)
+    assert "answer a GPU name" in printed()
 
 
 def test_job_table_agrees_with_the_check():

@@ -31,22 +31,9 @@ from memlab.precision import formats
 from memlab.precision.formats import bits, round_to, spec
 
 
-@pytest.fixture
-def lab():
-    lab = get_lab("lab02")
-    lab.reset()
-    return lab
-
-
 @pytest.fixture(scope="module")
 def grads():
     return gradients(**GRADIENTS)
-
-
-def _line(capsys) -> str:
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1, f"a check prints exactly one line, got {out!r}"
-    return out.rstrip("\n")
 
 
 def decode(bit_string, sign_bits, exponent_bits, mantissa_bits, bias, has_inf=True):
@@ -161,21 +148,21 @@ def test_grad_scaler_schedule_matches_torch():
 # ------------------------------------------------------------------ 2.1 decode
 
 
-def test_decode_correct(lab, capsys):
+def test_decode_correct(lab, printed):
     assert lab.check("2.1", decode).ok
-    assert _line(capsys) == "✅ 2.1 correct"
+    assert printed() == "✅ 2.1 correct"
 
 
-def test_decode_stub_is_not_attempted(lab, capsys):
+def test_decode_stub_is_not_attempted(lab, printed):
     def stub(bit_string, sign_bits, exponent_bits, mantissa_bits, bias, has_inf=True):
         pass
 
     assert lab.check("2.1", stub).status == "not attempted"
-    assert "not attempted" in _line(capsys)
+    assert "not attempted" in printed()
     assert lab.check("2.1", None).status == "not attempted"
 
 
-def test_decode_wrong_subnormals(lab, capsys):
+def test_decode_wrong_subnormals(lab, printed):
     def no_subnormals(b, sign_bits, exponent_bits, mantissa_bits, bias, has_inf=True):
         if int(b[sign_bits : sign_bits + exponent_bits], 2) == 0:  # the implicit 1 kept
             m_field = int(b[sign_bits + exponent_bits :], 2)
@@ -183,41 +170,41 @@ def test_decode_wrong_subnormals(lab, capsys):
         return decode(b, sign_bits, exponent_bits, mantissa_bits, bias, has_inf)
 
     assert lab.check("2.1", no_subnormals).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert "fp8-e4m3 C (a subnormal value)" in line
     assert str(formats.decode(*PATTERNS["fp8-e4m3 C"][::-1])) not in line
 
 
-def test_decode_ignoring_has_inf(lab, capsys):
+def test_decode_ignoring_has_inf(lab, printed):
     def always_inf(b, sign_bits, exponent_bits, mantissa_bits, bias, has_inf=True):
         return decode(b, sign_bits, exponent_bits, mantissa_bits, bias)
 
     assert lab.check("2.1", always_inf).status == "not yet"
-    assert "fp8-e4m3 D (a normal value)" in _line(capsys)
+    assert "fp8-e4m3 D (a normal value)" in printed()
 
 
-def test_decode_wrong_only_beyond_the_given_patterns(lab, capsys):
+def test_decode_wrong_only_beyond_the_given_patterns(lab, printed):
     def no_nan(b, sign_bits, exponent_bits, mantissa_bits, bias, has_inf=True):
         value = decode(b, sign_bits, exponent_bits, mantissa_bits, bias, has_inf)
         return math.copysign(math.inf, value) if math.isnan(value) and has_inf else value
 
     assert lab.check("2.1", no_nan).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     nans = sum(math.isnan(formats.decode(b, "fp8-e5m2")) for b in all_patterns("fp8-e5m2"))
     assert f"wrong on {nans} of {2 ** spec('fp8-e5m2').bits} fp8-e5m2 patterns" in line
     assert "(a NaN value)" in line and "fp8-e4m3 patterns" not in line
 
 
-def test_decode_errors_and_wrong_types(lab, capsys):
+def test_decode_errors_and_wrong_types(lab, printed):
     def broken(*args, **kwargs):
         raise IndexError("oops")
 
     assert lab.check("2.1", broken).status == "not yet"
-    assert "raised IndexError: oops" in _line(capsys)
+    assert "raised IndexError: oops" in printed()
     assert lab.check("2.1", 3.0).status == "not yet"
-    assert "answer the function decode itself" in _line(capsys)
+    assert "answer the function decode itself" in printed()
     assert lab.check("2.1", lambda *a, **k: "x").status == "not yet"
-    _line(capsys)
+    printed()
 
 
 # ------------------------------------------------------------- 2.2 round trips
@@ -227,20 +214,20 @@ def _predictions():
     return {key: round_to(x, fmt) for key, (x, fmt) in CASES.items()}
 
 
-def test_predictions_correct(lab, capsys):
+def test_predictions_correct(lab, printed):
     assert lab.check("2.2", _predictions()).ok
-    assert _line(capsys) == "✅ 2.2 correct"
+    assert printed() == "✅ 2.2 correct"
     numpy = pytest.importorskip("numpy")
     assert lab.check("2.2", {k: numpy.float64(v) for k, v in _predictions().items()}).ok
-    _line(capsys)
+    printed()
 
 
 @pytest.mark.parametrize("key", list(CASES))
-def test_a_wrong_prediction_gets_its_rule(lab, capsys, key):
+def test_a_wrong_prediction_gets_its_rule(lab, printed, key):
     answer = _predictions()
     answer[key] = 2 * answer[key] + 1 if math.isfinite(answer[key]) else 1.0
     assert lab.check("2.2", answer).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert f"1 of {len(CASES)} not right" in line and RULES[key] in line
     assert all(RULES[other] not in line for other in CASES if other != key)
 
@@ -300,7 +287,7 @@ def _share_below(grads, threshold):
         ("other", "half the smallest subnormal"),
     ],
 )
-def test_flushed_share_hints_name_the_mistake(lab, grads, capsys, which, names):
+def test_flushed_share_hints_name_the_mistake(lab, grads, printed, which, names):
     """Each typical wrong share gets the hint of its own mistake, and never a unit hint."""
     s = spec(GRAD_FORMAT)
     answer = {
@@ -310,7 +297,7 @@ def test_flushed_share_hints_name_the_mistake(lab, grads, capsys, which, names):
         "other": 0.9 * flushed_share(grads),
     }[which]
     assert lab.check("2.3b", answer, grads=grads).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert names in line
     assert "units" not in line and "MiB" not in line
     others = {"that counts the values below the smallest subnormal",
@@ -338,19 +325,19 @@ def test_loss_scale_window_is_accepted(lab, grads, capsys):
     capsys.readouterr()
 
 
-def test_loss_scale_wrong_answers(lab, grads, capsys):
+def test_loss_scale_wrong_answers(lab, grads, printed):
     lo, hi = scale_window(grads)
     assert lab.check("2.4", 2.0 ** (hi + 1), grads=grads).status == "not yet"
-    assert "overflows to inf" in _line(capsys)
+    assert "overflows to inf" in printed()
     assert lab.check("2.4", 2.0 ** (lo - 1), grads=grads).status == "not yet"
-    assert "still flush to zero" in _line(capsys)
+    assert "still flush to zero" in printed()
     assert lab.check("2.4", 3 * 2.0**lo, grads=grads).status == "not yet"
-    assert "not a power of two" in _line(capsys)
+    assert "not a power of two" in printed()
     for bad in (0.0, -(2.0**lo), math.inf, "big"):
         assert lab.check("2.4", bad, grads=grads).status == "not yet"
-        _line(capsys)
+        printed()
     assert lab.check("2.4", None, grads=grads).status == "not attempted"
-    _line(capsys)
+    printed()
 
 
 def test_checks_use_the_library(monkeypatch, lab, grads):

@@ -30,13 +30,6 @@ from memlab.model.config import PRESETS
 from memlab.quant.functional import LLM_INT8_THRESHOLD, bits_per_parameter, zeropoint_quantize
 
 
-@pytest.fixture
-def lab():
-    lab = get_lab("lab03")
-    lab.reset()
-    return lab
-
-
 @pytest.fixture(scope="module")
 def acts():
     return activations()
@@ -50,12 +43,6 @@ def weight():
 @pytest.fixture(scope="module")
 def table():
     return scheme_table()
-
-
-def _line(capsys) -> str:
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1, f"a check prints exactly one line, got {out!r}"
-    return out.rstrip("\n")
 
 
 # The lab's reference solutions of exercise 3.1, and typical mistakes.
@@ -179,9 +166,9 @@ def test_best_scheme_names_an_impossible_budget(table):
 # --------------------------------------------------------------- 3.1a absmax
 
 
-def test_absmax_correct(lab, capsys):
+def test_absmax_correct(lab, capsys, printed):
     assert lab.check("3.1a", absmax_int8).ok
-    assert _line(capsys) == "✅ 3.1a correct"
+    assert printed() == "✅ 3.1a correct"
 
     def times_inverse(x):  # x * (127 / max|x|), as memlab.quant.functional computes it, with a float scale
         amax = x.abs().max().item()
@@ -237,33 +224,33 @@ def _absmax_variant(kind):
     ("int16", "store them as torch.int8"),
     ("one-off", "1 of 32 codes differ"),
 ])
-def test_absmax_mistakes_get_their_hint(lab, capsys, kind, words):
+def test_absmax_mistakes_get_their_hint(lab, printed, kind, words):
     assert lab.check("3.1a", _absmax_variant(kind)).status == "not yet"
-    assert words in _line(capsys)
+    assert words in printed()
 
 
-def test_absmax_bad_answers(lab, capsys):
+def test_absmax_bad_answers(lab, printed):
     def broken(x):
         raise IndexError("oops")
 
     assert lab.check("3.1a", broken).status == "not yet"
-    assert "absmax_int8(x) raised IndexError: oops" in _line(capsys)
+    assert "absmax_int8(x) raised IndexError: oops" in printed()
     assert lab.check("3.1a", 3.0).status == "not yet"
-    assert "answer the function absmax_int8 itself" in _line(capsys)
+    assert "answer the function absmax_int8 itself" in printed()
     assert lab.check("3.1a", lambda x: x).status == "not yet"
-    assert "return two values" in _line(capsys)
+    assert "return two values" in printed()
     assert lab.check("3.1a", lambda x: (x[0], 1.0)).status == "not yet"
-    assert "shape" in _line(capsys)
+    assert "shape" in printed()
     assert lab.check("3.1a", lambda x: (x, "big")).status == "not yet"
-    assert "one number" in _line(capsys)
+    assert "one number" in printed()
 
 
 # ----------------------------------------------------------- 3.1b zero-point
 
 
-def test_zeropoint_correct(lab, capsys):
+def test_zeropoint_correct(lab, capsys, printed):
     assert lab.check("3.1b", zeropoint_uint8).ok
-    assert _line(capsys) == "✅ 3.1b correct"
+    assert printed() == "✅ 3.1b correct"
 
     def python_numbers(x, bits=8):  # Python floats, ints and min/max: the same codes
         levels = 2**bits - 1
@@ -335,26 +322,26 @@ def _zp_variant(kind):
     ("clamp-127", "codes above 127 are clamped"),
     ("int16", "store them as torch.uint8"),
 ])
-def test_zeropoint_mistakes_get_their_hint(lab, capsys, kind, words):
+def test_zeropoint_mistakes_get_their_hint(lab, printed, kind, words):
     assert lab.check("3.1b", _zp_variant(kind)).status == "not yet"
-    assert words in _line(capsys)
+    assert words in printed()
 
 
-def test_zeropoint_names_the_case(lab, capsys):
+def test_zeropoint_names_the_case(lab, printed):
     """A function right on x but wrong on the positive tensor p is told so."""
     assert lab.check("3.1b", _zp_variant("no-zero")).status == "not yet"
-    assert "on p with bits=8" in _line(capsys)
+    assert "on p with bits=8" in printed()
     assert lab.check("3.1b", _zp_variant("8-bit")).status == "not yet"
-    assert "on x with bits=4" in _line(capsys)
+    assert "on x with bits=4" in printed()
 
 
-def test_zeropoint_bad_answers(lab, capsys):
+def test_zeropoint_bad_answers(lab, printed):
     assert lab.check("3.1b", lambda x, bits=8: (x, 1.0)).status == "not yet"
-    assert "return three values" in _line(capsys)
+    assert "return three values" in printed()
     assert lab.check("3.1b", lambda x: zeropoint_uint8(x)).status == "not yet"
-    assert "raised TypeError" in _line(capsys)
+    assert "raised TypeError" in printed()
     assert lab.check("3.1b", "zeropoint").status == "not yet"
-    _line(capsys)
+    printed()
 
 
 # ------------------------------------------------------ 3.2 bits per parameter
@@ -381,10 +368,10 @@ def test_bits_correct(lab, capsys):
     ("int4 zero-point, groups of 128", 4 + 24 / 128, "not as a byte"),
     ("int4 zero-point, groups of 128", 4.3, "code bits + (scale bits + zero bits)"),
 ])
-def test_bits_mistakes_get_their_hint(lab, capsys, key, value, words):
+def test_bits_mistakes_get_their_hint(lab, printed, key, value, words):
     answer = {**_bits(), key: value}
     assert lab.check("3.2a", answer).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert f"1 of {len(BITS_CASES)} not right: {key!r}" in line and words in line
 
 
@@ -400,7 +387,7 @@ def test_bits_stub_partial_and_bad_keys(lab, capsys):
     assert "missing keys" in lines[3] and "answer a dict" in lines[4]
 
 
-def test_model_gb(lab, capsys):
+def test_model_gb(lab, capsys, printed):
     assert lab.check("3.2b", model_weights_gb()).ok
     assert lab.check("3.2b", torch.tensor(model_weights_gb())).ok
     capsys.readouterr()
@@ -415,11 +402,11 @@ def test_model_gb(lab, capsys):
     }
     for value, words in wrong.items():
         assert lab.check("3.2b", value).status == "not yet"
-        assert words in _line(capsys)
+        assert words in printed()
     assert lab.check("3.2b", "4 GB").status == "not yet"
-    assert "answer a number of GB" in _line(capsys)
+    assert "answer a number of GB" in printed()
     assert lab.check("3.2b", None).status == "not attempted"
-    _line(capsys)
+    printed()
 
 
 # -------------------------------------------------------- 3.3 outlier features
@@ -433,29 +420,29 @@ def test_outliers_correct_in_any_container(lab, capsys, acts):
     capsys.readouterr()
 
 
-def test_outlier_mistakes(lab, capsys, acts):
+def test_outlier_mistakes(lab, printed, acts):
     big = acts.abs() >= LLM_INT8_THRESHOLD
     rows = torch.nonzero(big.any(dim=1)).flatten().tolist()
     assert lab.check("3.3a", rows, x=acts).status == "not yet"
-    assert "token (row) indices" in _line(capsys)
+    assert "token (row) indices" in printed()
     positive = torch.nonzero((acts >= LLM_INT8_THRESHOLD).any(dim=0)).flatten().tolist()
     assert lab.check("3.3a", positive, x=acts).status == "not yet"
-    assert "compare magnitudes |x|" in _line(capsys)
+    assert "compare magnitudes |x|" in printed()
     near = int(acts.abs().amax(dim=0).argsort(descending=True)[3])
     cols = lab03.outlier_columns(acts, LLM_INT8_THRESHOLD).tolist()
     assert lab.check("3.3a", cols + [near], x=acts).status == "not yet"
-    assert "1 of your columns hold no value with |x| >= 6" in _line(capsys)
+    assert "1 of your columns hold no value with |x| >= 6" in printed()
     assert lab.check("3.3a", cols[:1], x=acts).status == "not yet"
-    assert "2 outlier column(s) missing" in _line(capsys)
+    assert "2 outlier column(s) missing" in printed()
     assert lab.check("3.3a", big.any(dim=0), x=acts).status == "not yet"
-    assert "not a boolean mask" in _line(capsys)
+    assert "not a boolean mask" in printed()
     assert lab.check("3.3a", 3.5, x=acts).status == "not yet"
-    _line(capsys)
+    printed()
     assert lab.check("3.3a", None, x=acts).status == "not attempted"
-    _line(capsys)
+    printed()
 
 
-def test_error_ratio(lab, capsys, acts, weight):
+def test_error_ratio(lab, capsys, printed, acts, weight):
     y_ref = acts.double() @ weight.double().T
     err = {}
     for t in (0.0, LLM_INT8_THRESHOLD):
@@ -468,9 +455,9 @@ def test_error_ratio(lab, capsys, acts, weight):
     assert lab.check("3.3b", e32[0.0] / e32[LLM_INT8_THRESHOLD], x=acts, weight=weight).ok
     capsys.readouterr()
     assert lab.check("3.3b", err[LLM_INT8_THRESHOLD] / err[0.0], x=acts, weight=weight).status == "not yet"
-    assert "divide the other way" in _line(capsys)
+    assert "divide the other way" in printed()
     assert lab.check("3.3b", 1.0, x=acts, weight=weight).status == "not yet"
-    line = _line(capsys)  # no slip explains it: it is wrong, and the recipe is not given
+    line = printed()  # no slip explains it: it is wrong, and the recipe is not given
     assert line.endswith("not yet: that is not the expected answer") and "threshold" not in line
     assert lab.check("3.3b", None, x=acts, weight=weight).status == "not attempted"
     assert lab.check("3.3b", 2.0, x=None, weight=weight).status == "not attempted"
@@ -487,25 +474,25 @@ def test_scheme_correct(lab, capsys, table):
     capsys.readouterr()
 
 
-def test_scheme_mistakes(lab, capsys, table):
+def test_scheme_mistakes(lab, printed, table):
     budget = budget_bytes()
     fitting = [row for row in table if row.stored_bytes <= budget]
     largest = max(fitting, key=lambda row: row.stored_bytes).scheme
     assert lab.check("3.4", largest).status == "not yet"
-    assert "largest scheme that fits" in _line(capsys)
+    assert "largest scheme that fits" in printed()
     too_big = min((row for row in table if row.stored_bytes > budget),
                   key=lambda row: row.stored_bytes)
     assert lab.check("3.4", too_big.scheme).status == "not yet"
-    assert f"{too_big.stored_bytes:,} bytes, more than the budget of {budget:,}" in _line(capsys)
+    assert f"{too_big.stored_bytes:,} bytes, more than the budget of {budget:,}" in printed()
     worst = max(fitting, key=lambda row: row.relative_error).scheme
     assert lab.check("3.4", worst).status == "not yet"
-    assert "another scheme that fits has a smaller output error" in _line(capsys)
+    assert "another scheme that fits has a smaller output error" in printed()
     assert lab.check("3.4", "int4").status == "not yet"
-    assert "unknown scheme 'int4'; accepted: bf16" in _line(capsys)
+    assert "unknown scheme 'int4'; accepted: bf16" in printed()
     assert lab.check("3.4", 4).status == "not yet"
-    assert "answer a scheme name" in _line(capsys)
+    assert "answer a scheme name" in printed()
     assert lab.check("3.4", None).status == "not attempted"
-    _line(capsys)
+    printed()
 
 
 # ------------------------------------------------------ the checks use memlab
@@ -562,13 +549,13 @@ def test_cast_truncates_and_wraps_while_quantization_rounds_and_clamps():
     assert cast[2] != 127 and cast[3] != -127
 
 
-def test_truncation_hint_fires_only_on_truncated_codes(lab, capsys):
+def test_truncation_hint_fires_only_on_truncated_codes(lab, printed):
     for kind in ("floor", "128", "max", "one-off"):
         lab.check("3.1a", _absmax_variant(kind))
-        assert ".to(torch.int8) does" not in _line(capsys)
+        assert ".to(torch.int8) does" not in printed()
     for kind in ("min-anchored", "float", "levels"):
         lab.check("3.1b", _zp_variant(kind))
-        assert ".to(torch.uint8) does" not in _line(capsys)
+        assert ".to(torch.uint8) does" not in printed()
 
 
 def test_mark_scheme_numbers_come_from_the_library():

@@ -40,22 +40,9 @@ from memlab.model.config import get_config
 from memlab.model.flash import naive_attention
 
 
-@pytest.fixture
-def lab():
-    lab = get_lab("lab04")
-    lab.reset()
-    return lab
-
-
 @pytest.fixture(scope="module")
 def table():
     return gqa_table()
-
-
-def _line(capsys) -> str:
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1, f"a check prints exactly one line, got {out!r}"
-    return out.rstrip("\n")
 
 
 def test_the_lab_has_its_exercises():
@@ -86,9 +73,9 @@ def test_scores_are_built_for_the_slips():
     assert [(r, c) for r, c, _ in SPIKES] == [(0, 20), (1, 2), (2, 37)]
 
 
-def test_online_correct(lab, capsys):
+def test_online_correct(lab, capsys, printed):
     assert lab.check("4.1", online_softmax_update).ok
-    assert _line(capsys) == "✅ 4.1 correct"
+    assert printed() == "✅ 4.1 correct"
 
     def in_fp64(m, l, x_block):  # noqa: E741
         m, l, x_block = m.double(), l.double(), x_block.double()  # noqa: E741
@@ -140,25 +127,25 @@ def _online_variant(kind):
     ("order", "return (m_new, l_new, alpha) in that order"),
     ("alpha-off", "after block 2 of 3, alpha differs"),
 ])
-def test_online_mistakes_get_their_hint(lab, capsys, kind, words):
+def test_online_mistakes_get_their_hint(lab, printed, kind, words):
     assert lab.check("4.1", _online_variant(kind)).status == "not yet"
-    assert words in _line(capsys)
+    assert words in printed()
 
 
-def test_online_bad_answers(lab, capsys):
+def test_online_bad_answers(lab, printed):
     def broken(m, l, x):  # noqa: E741
         raise IndexError("oops")
 
     assert lab.check("4.1", broken).status == "not yet"
-    assert "online_softmax_update(m, l, x_block) raised IndexError: oops" in _line(capsys)
+    assert "online_softmax_update(m, l, x_block) raised IndexError: oops" in printed()
     assert lab.check("4.1", 3.0).status == "not yet"
-    assert "answer the function online_softmax_update itself" in _line(capsys)
+    assert "answer the function online_softmax_update itself" in printed()
     assert lab.check("4.1", lambda m, s, x: (m, s)).status == "not yet"
-    assert "return three values" in _line(capsys)
+    assert "return three values" in printed()
     assert lab.check("4.1", lambda m, s, x: (x.amax(0), x.sum(0), x.sum(0))).status == "not yet"
-    assert "reduce over the last dimension" in _line(capsys)
+    assert "reduce over the last dimension" in printed()
     assert lab.check("4.1", lambda m, s, x: ("a", "b", "c")).status == "not yet"
-    assert "must be a real tensor" in _line(capsys)
+    assert "must be a real tensor" in printed()
 
 
 # ---------------------------------------------------------- 4.2 saved bytes
@@ -216,16 +203,16 @@ def test_saved_bytes_correct(lab, capsys):
     ("bits", "bits and bytes"),
     ("no-probs", "too small"),  # no slip explains it: how far off, never the recipe
 ])
-def test_saved_bytes_mistakes_get_their_hint(lab, capsys, kind, words):
+def test_saved_bytes_mistakes_get_their_hint(lab, printed, kind, words):
     assert lab.check("4.2", _saved_variant(kind)).status == "not yet"
-    assert words in _line(capsys)
+    assert words in printed()
 
 
-def test_saved_bytes_stub_and_bad_answers(lab, capsys):
+def test_saved_bytes_stub_and_bad_answers(lab, capsys, printed):
     assert lab.check("4.2", None).status == "not attempted"
     capsys.readouterr()
     assert lab.check("4.2", "3 MB").status == "not yet"
-    assert "answer a number of bytes, got str" in _line(capsys)
+    assert "answer a number of bytes, got str" in printed()
 
 
 # --------------------------------------------------------------- 4.3 KV cache
@@ -258,11 +245,11 @@ def test_kv_per_token_correct(lab, capsys):
     ("llama2-7b, bf16", dict(value_bytes=16), "bits and bytes"),
     ("gpt2, fp32", dict(value_bytes=3), "'gpt2, fp32': 25% too small"),  # no slip: how far off
 ])
-def test_kv_per_token_mistakes_get_their_hint(lab, capsys, key, kw, words):
+def test_kv_per_token_mistakes_get_their_hint(lab, printed, key, kw, words):
     answer = {k: _per_token(k) for k in KV_CASES}
     answer[key] = _per_token(key, **kw)
     assert lab.check("4.3a", answer).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert f"1 of {len(KV_CASES)} not right: {key!r}" in line and words in line
 
 
@@ -300,24 +287,24 @@ def test_context_correct(lab, capsys):
     (dict(per_token_factor=0.5), "K and V are both cached"),
     (dict(per_token_factor=1 / 32), "every layer caches its own K and V"),
 ])
-def test_context_mistakes_get_their_hint(lab, capsys, kw, words):
+def test_context_mistakes_get_their_hint(lab, printed, kw, words):
     assert lab.check("4.3b", _context(**kw)).status == "not yet"
-    assert words in _line(capsys)
+    assert words in printed()
 
 
-def test_context_rounding_and_bad_answers(lab, capsys):
+def test_context_rounding_and_bad_answers(lab, capsys, printed):
     expected = longest_kv_context()
     assert lab.check("4.3b", expected + 0.4).status == "not yet"
-    assert "round down to a whole number of tokens" in _line(capsys)
+    assert "round down to a whole number of tokens" in printed()
     assert lab.check("4.3b", expected + 1).status == "not yet"
-    assert "with one token more" in _line(capsys)
+    assert "with one token more" in printed()
     assert lab.check("4.3b", float("inf")).status == "not yet"
-    assert "finite" in _line(capsys)
+    assert "finite" in printed()
     assert lab.check("4.3b", expected * 0.9).status == "not yet"
-    line = _line(capsys)  # no slip explains it: how far off, never the recipe
+    line = printed()  # no slip explains it: how far off, never the recipe
     assert line.endswith("10% too small") and "usable" not in line
     assert lab.check("4.3b", "8k").status == "not yet"
-    assert "answer a number of tokens" in _line(capsys)
+    assert "answer a number of tokens" in printed()
     assert lab.check("4.3b", None).status == "not attempted"
     capsys.readouterr()
 
@@ -376,14 +363,14 @@ def test_n_kv_head_correct(lab, capsys, table):
     capsys.readouterr()
 
 
-def test_n_kv_head_every_wrong_choice_gets_its_hint(lab, capsys, table):
+def test_n_kv_head_every_wrong_choice_gets_its_hint(lab, printed, table):
     budget = gqa_budget_bytes()
     best = best_n_kv_head(table, budget)
     for row in table:
         if row.n_kv_head == best:
             continue
         assert lab.check("4.4", row.n_kv_head).status == "not yet"
-        line = _line(capsys)
+        line = printed()
         if row.cache_bytes <= budget:
             assert "fits, but a choice with a smaller error fits too" in line
             assert str(best) not in line.split("fits,")[1]  # the answer is not given away
@@ -395,7 +382,7 @@ def test_n_kv_head_every_wrong_choice_gets_its_hint(lab, capsys, table):
     ("batch_size", "every sequence of the batch has its own cache"),
     ("context", "the cache holds every position of the context"),
 ])
-def test_n_kv_head_miscounts_are_named(lab, capsys, table, factor, words):
+def test_n_kv_head_miscounts_are_named(lab, printed, table, factor, words):
     """A cache counted without the batch (or the context) picks the choice the hint names."""
     budget = gqa_budget_bytes()
     tokens = GQA["batch_size"] * GQA["context"] // GQA[factor]
@@ -403,15 +390,15 @@ def test_n_kv_head_miscounts_are_named(lab, capsys, table, factor, words):
                   if row.kv_bytes_per_token * tokens <= budget)[1]
     assert slipped != best_n_kv_head(table, budget)
     assert lab.check("4.4", slipped).status == "not yet"
-    assert words in _line(capsys)
+    assert words in printed()
 
 
-def test_n_kv_head_bad_answers(lab, capsys):
+def test_n_kv_head_bad_answers(lab, capsys, printed):
     assert lab.check("4.4", 3).status == "not yet"
-    assert "must divide n_head (32), got 3; accepted: 1, 2, 4, 8, 16, 32" in _line(capsys)
+    assert "must divide n_head (32), got 3; accepted: 1, 2, 4, 8, 16, 32" in printed()
     for bad in ("8", True, 7.5, float("nan")):
         assert lab.check("4.4", bad).status == "not yet"
-        assert "answer a number of KV heads, an int" in _line(capsys)
+        assert "answer a number of KV heads, an int" in printed()
     assert lab.check("4.4", None).status == "not attempted"
     capsys.readouterr()
 

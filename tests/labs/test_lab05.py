@@ -50,19 +50,6 @@ from memlab.model.config import get_config
 from memlab.model.transformer import build_model
 
 
-@pytest.fixture
-def lab():
-    lab = get_lab("lab05")
-    lab.reset()
-    return lab
-
-
-def _line(capsys) -> str:
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1, f"a check prints exactly one line, got {out!r}"
-    return out.rstrip("\n")
-
-
 def test_the_lab_has_its_exercises():
     assert get_lab("lab05").ids == ("5.1", "5.2", "5.3", "5.4")
 
@@ -141,12 +128,12 @@ def test_the_count_is_what_injected_modules_train(targets):
     ("llama2-7b, r=8, q_proj,v_proj", dict(per=lambda i, o: 3 * (i + o)),
      "2.7x too small"),  # no slip explains it: how far off, never the recipe
 ])
-def test_lora_count_mistakes_get_their_hint(lab, capsys, key, kw, words):
+def test_lora_count_mistakes_get_their_hint(lab, printed, key, kw, words):
     answer = {k: _count(k) for k in LORA_CASES}
     answer[key] = _count(key, **kw)
     assert answer[key] != lora_count(key)
     assert lab.check("5.1", answer).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert f"1 of {len(LORA_CASES)} not right: {key!r}" in line and words in line
 
 
@@ -157,18 +144,18 @@ def test_lora_count_slips_never_name_the_right_answer():
         assert len(values) == len(set(values))  # coinciding slips are merged into one hint
 
 
-def test_lora_count_stub_and_bad_answers(lab, capsys):
+def test_lora_count_stub_and_bad_answers(lab, capsys, printed):
     assert lab.check("5.1", None).status == "not attempted"
     assert lab.check("5.1", dict.fromkeys(LORA_CASES)).status == "not attempted"
     capsys.readouterr()
     assert lab.check("5.1", [1, 2, 3]).status == "not yet"
-    assert "answer a dict with the keys of LORA_CASES" in _line(capsys)
+    assert "answer a dict with the keys of LORA_CASES" in printed()
     assert lab.check("5.1", {"llama2-7b, r=8, q_proj,v_proj": 1}).status == "not yet"
-    assert "missing keys" in _line(capsys)
+    assert "missing keys" in printed()
     answer = {k: _count(k) for k in LORA_CASES}
     answer["llama3-8b, r=16, all-linear"] = "42M"
     assert lab.check("5.1", answer).status == "not yet"
-    assert "answer a number of parameters" in _line(capsys)
+    assert "answer a number of parameters" in printed()
 
 
 # ----------------------------------------------------------------- 5.2 LoRA's forward
@@ -209,9 +196,9 @@ def test_forward_slips_are_far_apart():
         assert relative_error(a, b) > 1e3 * FORWARD_RTOL
 
 
-def test_forward_correct(lab, capsys):
+def test_forward_correct(lab, capsys, printed):
     assert lab.check("5.2", lora_linear).ok
-    assert _line(capsys) == "✅ 5.2 correct"
+    assert printed() == "✅ 5.2 correct"
 
     def merged(x, weight, bias, A, B, alpha, r):
         return F.linear(x, weight + alpha / r * B @ A, bias)
@@ -261,15 +248,15 @@ def _forward_variant(kind):
     ("half-out", "the output has shape (2, 5, 8), not (2, 5, 16)"),
     ("off", "against the merged layer's output"),
 ])
-def test_forward_mistakes_get_their_hint(lab, capsys, kind, words):
+def test_forward_mistakes_get_their_hint(lab, printed, kind, words):
     assert lab.check("5.2", _forward_variant(kind)).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert words in line
     if kind == "no-transpose":
         assert "each other's place" not in line
 
 
-def test_forward_stub_and_bad_answers(lab, capsys):
+def test_forward_stub_and_bad_answers(lab, capsys, printed):
     def stub(x, weight, bias, A, B, alpha, r):
         """Not written yet."""
 
@@ -277,15 +264,15 @@ def test_forward_stub_and_bad_answers(lab, capsys):
     assert lab.check("5.2", None).status == "not attempted"
     capsys.readouterr()
     assert lab.check("5.2", 3.0).status == "not yet"
-    assert "answer the function lora_linear itself, got float" in _line(capsys)
+    assert "answer the function lora_linear itself, got float" in printed()
     assert lab.check("5.2", lambda *args: "y").status == "not yet"
-    assert "return a real tensor, got str" in _line(capsys)
+    assert "return a real tensor, got str" in printed()
 
     def broken(x, weight, bias, A, B, alpha, r):
         raise ValueError("two\nlines")
 
     assert lab.check("5.2", broken).status == "not yet"
-    assert "raised ValueError: two lines" in _line(capsys)
+    assert "raised ValueError: two lines" in printed()
 
 
 # -------------------------------------------------------- 5.3 a QLoRA set-up's weights
@@ -341,12 +328,12 @@ def test_weight_slips_are_apart_from_the_answer_and_each_other():
     (dict(adapters=False), "add the adapters"),
     (dict(rest_bytes=4), "(embeddings, LM head, norms) are bf16: 2 bytes"),
 ])
-def test_weight_bytes_mistakes_get_their_hint(lab, capsys, kw, words):
+def test_weight_bytes_mistakes_get_their_hint(lab, printed, kw, words):
     assert lab.check("5.3", _qlora_by_hand(**kw)).status == "not yet"
-    assert words in _line(capsys)
+    assert words in printed()
 
 
-def test_weight_bytes_other_mistakes(lab, capsys):
+def test_weight_bytes_other_mistakes(lab, capsys, printed):
     cfg = get_config(QLORA_SETUP["model"])
     expected = qlora_weight_bytes()
     n_adapters = lora_count("llama3-8b, r=16, all-linear")
@@ -362,9 +349,9 @@ def test_weight_bytes_other_mistakes(lab, capsys):
         (0.9 * expected, "10% too small"),  # no slip: how far off, never the recipe
     ]:
         assert lab.check("5.3", answer).status == "not yet"
-        assert words in _line(capsys)
+        assert words in printed()
     assert lab.check("5.3", "5.9 GB").status == "not yet"
-    assert "answer a number of bytes, got str" in _line(capsys)
+    assert "answer a number of bytes, got str" in printed()
     assert lab.check("5.3", None).status == "not attempted"
     capsys.readouterr()
 
@@ -402,7 +389,7 @@ def test_the_lora_step_is_traced_and_its_estimate_agrees(steps):
     assert est.peak_bytes == pytest.approx(lora.peak_bytes, rel=1e-6)
 
 
-def test_lora_peak_correct(lab, capsys, steps):
+def test_lora_peak_correct(lab, capsys, printed, steps):
     full, lora = steps
     by_hand = _lora_peak_by_hand(full)
     assert by_hand == pytest.approx(lora.peak_bytes, rel=0.01)  # the reasoning, not a formula
@@ -412,7 +399,7 @@ def test_lora_peak_correct(lab, capsys, steps):
     assert lab.check("5.4", lora.peak_bytes * (1 - 0.9 * PEAK_RTOL)).ok
     capsys.readouterr()
     assert lab.check("5.4", lora.peak_bytes * (1 + 1.1 * PEAK_RTOL)).status == "not yet"
-    assert _line(capsys).endswith("% too large")  # no slip: how far off, never the recipe
+    assert printed().endswith("% too large")  # no slip: how far off, never the recipe
 
 
 @pytest.mark.parametrize(("kw", "words"), [
@@ -420,13 +407,13 @@ def test_lora_peak_correct(lab, capsys, steps):
     (dict(activations=False, temporaries=False), "a LoRA step peaks in the backward pass"),
     (dict(temporaries=False), "add the backward pass's temporaries"),
 ])
-def test_lora_peak_mistakes_get_their_hint(lab, capsys, steps, kw, words):
+def test_lora_peak_mistakes_get_their_hint(lab, printed, steps, kw, words):
     answer = _lora_peak_by_hand(steps[0], **kw)
     assert lab.check("5.4", answer).status == "not yet"
-    assert words in _line(capsys)
+    assert words in printed()
 
 
-def test_lora_peak_other_mistakes(lab, capsys, steps):
+def test_lora_peak_other_mistakes(lab, capsys, printed, steps):
     full, lora = steps
     at = full.phase_breakdown["backward"]
     for answer, words in [
@@ -437,9 +424,9 @@ def test_lora_peak_other_mistakes(lab, capsys, steps):
         (lora.peak_bytes / 1e9, "answer bytes, not GB"),
     ]:
         assert lab.check("5.4", answer).status == "not yet"
-        assert words in _line(capsys)
+        assert words in printed()
     assert lab.check("5.4", "1.5 GB").status == "not yet"
-    assert "answer a number of bytes, got str" in _line(capsys)
+    assert "answer a number of bytes, got str" in printed()
     assert lab.check("5.4", None).status == "not attempted"
     capsys.readouterr()
 

@@ -42,22 +42,9 @@ from memlab.labs.lab06 import (
 from memlab.units import to_unit
 
 
-@pytest.fixture
-def lab():
-    lab = get_lab("lab06")
-    lab.reset()
-    return lab
-
-
 @pytest.fixture(scope="module")
 def run():
     return gather_run()
-
-
-def _line(capsys) -> str:
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1, f"a check prints exactly one line, got {out!r}"
-    return out.rstrip("\n")
 
 
 def test_the_lab_has_its_exercises():
@@ -104,9 +91,9 @@ def test_reference_is_model_states():
         assert sum(reference_per_rank(**c)) == ms.total
 
 
-def test_per_rank_correct(lab, capsys):
+def test_per_rank_correct(lab, capsys, printed):
     assert lab.check("6.1", per_rank_bytes).ok
-    assert _line(capsys) == "✅ 6.1 correct"
+    assert printed() == "✅ 6.1 correct"
 
     def as_floats(parameters, stage, gpus, layout):
         return [float(v) for v in per_rank_bytes(parameters, stage, gpus, layout)]
@@ -136,14 +123,14 @@ def test_per_rank_slips_differ_from_the_reference():
     (8, "take the bytes per parameter from LAYOUTS[layout]"),
     (9, "answer bytes, not GB"),
 ])
-def test_per_rank_mistakes_get_their_hint(lab, capsys, index, words):
+def test_per_rank_mistakes_get_their_hint(lab, printed, index, words):
     fn, _ = per_rank_slips()[index]
     assert lab.check("6.1", fn).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert words in line and "cases not right, the first per_rank_bytes(parameters=" in line
 
 
-def test_per_rank_stub_and_bad_answers(lab, capsys):
+def test_per_rank_stub_and_bad_answers(lab, capsys, printed):
     def stub(parameters, stage, gpus, layout):
         """Not written yet."""
 
@@ -151,21 +138,21 @@ def test_per_rank_stub_and_bad_answers(lab, capsys):
     assert lab.check("6.1", None).status == "not attempted"
     capsys.readouterr()
     assert lab.check("6.1", 3).status == "not yet"
-    assert "answer the function per_rank_bytes itself, got int" in _line(capsys)
+    assert "answer the function per_rank_bytes itself, got int" in printed()
     assert lab.check("6.1", lambda *a: 16).status == "not yet"
-    assert "returned int: return three numbers" in _line(capsys)
+    assert "returned int: return three numbers" in printed()
 
     def broken(parameters, stage, gpus, layout):
         raise KeyError(layout)
 
     assert lab.check("6.1", broken).status == "not yet"
-    assert "raised KeyError" in _line(capsys)
+    assert "raised KeyError" in printed()
 
     def off(parameters, stage, gpus, layout):
         return tuple(v + 1 for v in per_rank_bytes(parameters, stage, gpus, layout))
 
     assert lab.check("6.1", off).status == "not yet"
-    line = _line(capsys)  # no slip explains it: what is wrong, never the recipe
+    line = printed()  # no slip explains it: what is wrong, never the recipe
     assert f"{len(per_rank_cases())} of {len(per_rank_cases())} cases not right" in line
     assert "its parameters are slightly too large" in line and "stage 1 shards" not in line
 
@@ -210,13 +197,13 @@ def test_counted_collectives_match_the_formula(run):
         assert counted == pytest.approx(reference_sent_bytes(**args), rel=1e-9)
 
 
-def test_the_counted_case_is_named_when_only_it_is_wrong(lab, capsys, run):
+def test_the_counted_case_is_named_when_only_it_is_wrong(lab, printed, run):
     def wrong_at_four_ranks(parameters, stage, gpus, bytes_per_value):
         return bytes_sent_per_step(parameters, stage, gpus, bytes_per_value) * (
             2 if (gpus, bytes_per_value) == (run.ranks, 4) else 1)
 
     assert lab.check("6.2", wrong_at_four_ranks).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert "2 of 18 cases not right" in line and "(counted in the step run here)" in line
 
 
@@ -238,24 +225,24 @@ def test_sent_slips_differ_from_the_reference():
     (6, "multiply by bytes_per_value"),
     (7, "bits and bytes are different units"),
 ])
-def test_sent_mistakes_get_their_hint(lab, capsys, index, words):
+def test_sent_mistakes_get_their_hint(lab, printed, index, words):
     fn, _ = sent_slips()[index]
     assert lab.check("6.2", fn).status == "not yet"
-    assert words in _line(capsys)
+    assert words in printed()
 
 
-def test_sent_stub_and_bad_answers(lab, capsys):
+def test_sent_stub_and_bad_answers(lab, capsys, printed):
     def stub(parameters, stage, gpus, bytes_per_value):
         """Not written yet."""
 
     assert lab.check("6.2", stub).status == "not attempted"
     capsys.readouterr()
     assert lab.check("6.2", "2Ψ").status == "not yet"
-    assert "answer the function bytes_sent_per_step itself, got str" in _line(capsys)
+    assert "answer the function bytes_sent_per_step itself, got str" in printed()
     assert lab.check("6.2", lambda *a: "many").status == "not yet"
-    assert "returned str: return a number of bytes" in _line(capsys)
+    assert "returned str: return a number of bytes" in printed()
     assert lab.check("6.2", lambda *a: 1.01 * bytes_sent_per_step(*a)).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert "cases not right, the first bytes_sent_per_step(parameters=" in line
     assert line.endswith("1% too large")  # no slip: how far off, never the recipe
 
@@ -296,7 +283,7 @@ def test_ranks_correct(lab, capsys):
     capsys.readouterr()
 
 
-def test_ranks_mistakes_get_their_hint(lab, capsys):
+def test_ranks_mistakes_get_their_hint(lab, printed):
     shown, budget = shown_rank_step(), rank_budget_bytes()
     at = shown.peak_by_category
     gathered = at["unsharded_param"] + at["all_gather"]
@@ -311,7 +298,7 @@ def test_ranks_mistakes_get_their_hint(lab, capsys):
     ]:
         assert answer != expected
         assert lab.check("6.3", answer).status == "not yet"
-        assert words in _line(capsys)
+        assert words in printed()
 
 
 def test_ranks_slips_never_name_the_right_answer():
@@ -319,7 +306,7 @@ def test_ranks_slips_never_name_the_right_answer():
     assert float(smallest_ranks()) not in values and len(values) == len(set(values)) == 4
 
 
-def test_ranks_other_answers(lab, capsys):
+def test_ranks_other_answers(lab, capsys, printed):
     n = smallest_ranks()
     assert lab.check("6.3", None).status == "not attempted"
     capsys.readouterr()
@@ -329,7 +316,7 @@ def test_ranks_other_answers(lab, capsys):
         (1, "from 2"), (4.5, "got 4.5"), ("five", "answer a number of ranks, an int, got str"),
     ]:
         assert lab.check("6.3", answer).status == "not yet"
-        line = _line(capsys)
+        line = printed()
         assert words in line and (answer != n + 1 or str(n) not in line.split(":", 1)[1])
 
 
@@ -394,24 +381,24 @@ def test_timeline_correct(lab, capsys, run):
      "is not a label of ZeRO-2's timeline"),
     ("zero2 first largest mark", lambda a, r: 11, "answer a mark's label (a string), got int"),
 ])
-def test_timeline_mistakes_get_their_hint(lab, capsys, run, key, value, words):
+def test_timeline_mistakes_get_their_hint(lab, printed, run, key, value, words):
     answer = _answers(run)
     answer[key] = value(answer, run)
     assert lab.check("6.4", answer).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert f"1 of {len(TIMELINE_QUESTIONS)} not right: {key!r}" in line and words in line
 
 
-def test_timeline_stub_and_bad_answers(lab, capsys, run):
+def test_timeline_stub_and_bad_answers(lab, capsys, printed, run):
     assert lab.check("6.4", dict.fromkeys(TIMELINE_QUESTIONS)).status == "not attempted"
     assert lab.check("6.4", None).status == "not attempted"
     capsys.readouterr()
     assert lab.check("6.4", [1, 2]).status == "not yet"
-    assert "answer a dict with the keys of TIMELINE_QUESTIONS" in _line(capsys)
+    assert "answer a dict with the keys of TIMELINE_QUESTIONS" in printed()
     answer = _answers(run)
     answer["zero3 blocks"] = "one"
     assert lab.check("6.4", answer).status == "not yet"
-    assert "answer a number" in _line(capsys)
+    assert "answer a number" in printed()
 
 
 def test_the_recorded_run_has_several_ranks_and_their_collectives(run):

@@ -48,19 +48,6 @@ from memlab.model.checkpoint import parse_checkpointing
 from memlab.units import to_unit
 
 
-@pytest.fixture
-def lab():
-    lab = get_lab("lab07")
-    lab.reset()
-    return lab
-
-
-def _line(capsys) -> str:
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1, f"a check prints exactly one line, got {out!r}"
-    return out.rstrip("\n")
-
-
 def test_the_lab_has_its_exercises():
     assert get_lab("lab07").ids == ("7.1", "7.2", "7.3", "7.4")
 
@@ -97,9 +84,9 @@ def test_reference_is_step_flops_and_the_counter():
     assert counted_step_flops() == reference_step_flops(**flop_case_args(COUNTED_CASE))
 
 
-def test_flops_correct(lab, capsys):
+def test_flops_correct(lab, capsys, printed):
     assert lab.check("7.1", step_flops_from_config).ok
-    assert _line(capsys) == "✅ 7.1 correct"
+    assert printed() == "✅ 7.1 correct"
     assert lab.check("7.1", lambda *a: [float(v) for v in step_flops_from_config(*a)]).ok
     assert lab.check("7.1", lambda *a: reference_step_flops(*a)).ok
     assert not lab.check("7.1", lambda *a: tuple(
@@ -123,10 +110,10 @@ def test_flop_slips_differ_from_the_reference():
     (6, "GPT-2's MLP has two matrices"),
     (7, "return (forward, backward), in that order"),
 ])
-def test_flop_mistakes_get_their_hint(lab, capsys, index, words):
+def test_flop_mistakes_get_their_hint(lab, printed, index, words):
     fn, _ = flop_slips()[index]
     assert lab.check("7.1", fn).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert words in line and "cases not right, the first " in line
 
 
@@ -136,7 +123,7 @@ def test_flop_slips_are_apart():
         assert any(a(**flop_case_args(c)) != b(**flop_case_args(c)) for c in FLOP_CASES)
 
 
-def test_flops_stub_and_bad_answers(lab, capsys):
+def test_flops_stub_and_bad_answers(lab, capsys, printed):
     def stub(cfg, batch_size, seq_len):
         """Not written yet."""
 
@@ -144,33 +131,33 @@ def test_flops_stub_and_bad_answers(lab, capsys):
     assert lab.check("7.1", None).status == "not attempted"
     capsys.readouterr()
     assert lab.check("7.1", 6).status == "not yet"
-    assert "answer the function step_flops_from_config itself, got int" in _line(capsys)
+    assert "answer the function step_flops_from_config itself, got int" in printed()
     assert lab.check("7.1", lambda *a: 6 * 10**12).status == "not yet"
-    assert "returned int: return two numbers, (forward, backward) FLOPs" in _line(capsys)
+    assert "returned int: return two numbers, (forward, backward) FLOPs" in printed()
 
     def broken(cfg, batch_size, seq_len):
         return cfg.n_kv_head * 2  # None for plain multi-head attention
 
     assert lab.check("7.1", broken).status == "not yet"
-    assert "raised TypeError" in _line(capsys)
+    assert "raised TypeError" in printed()
 
     def backward_off(cfg, batch_size, seq_len):
         f, b = step_flops_from_config(cfg, batch_size, seq_len)
         return f, b + b // 10**6
 
     assert lab.check("7.1", backward_off).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert f"{len(FLOP_CASES)} of {len(FLOP_CASES)} cases not right" in line
     assert "its forward is right, its backward is slightly too large" in line
 
 
-def test_the_counted_case_is_named_when_only_it_is_wrong(lab, capsys):
+def test_the_counted_case_is_named_when_only_it_is_wrong(lab, printed):
     def off_on_tiny(cfg, batch_size, seq_len):
         f, b = step_flops_from_config(cfg, batch_size, seq_len)
         return (f + 1, b) if cfg.name == "tiny" else (f, b)
 
     assert lab.check("7.1", off_on_tiny).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert f"1 of {len(FLOP_CASES)} cases not right" in line
     assert "(counted by FlopCounterMode)" in line
 
@@ -257,7 +244,7 @@ def test_every_k_slips_differ_from_the_reference():
     (1, 4, "every-k recomputes the k-th blocks only"),
     (1, 5, "not one whole extra forward"),
 ])
-def test_every_k_mistakes_get_their_hint(lab, capsys, which, index, words):
+def test_every_k_mistakes_get_their_hint(lab, printed, which, index, words):
     fn, _ = (every_k_byte_slips(), every_k_flop_slips())[which][index]
 
     def mistaken(cfg, batch_size, seq_len, k, precision):
@@ -266,24 +253,24 @@ def test_every_k_mistakes_get_their_hint(lab, capsys, which, index, words):
         return tuple(right)
 
     assert lab.check("7.2", mistaken).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     name = ("saved bytes", "extra FLOPs")[which]
     assert f"the {name} are not right" in line and words in line
     assert ("saved bytes", "extra FLOPs")[1 - which] not in line
 
 
-def test_every_k_stub_and_bad_answers(lab, capsys):
+def test_every_k_stub_and_bad_answers(lab, capsys, printed):
     def stub(cfg, batch_size, seq_len, k, precision):
         """Not written yet."""
 
     assert lab.check("7.2", stub).status == "not attempted"
     capsys.readouterr()
     assert lab.check("7.2", "every-3").status == "not yet"
-    assert "answer the function every_k_prediction itself, got str" in _line(capsys)
+    assert "answer the function every_k_prediction itself, got str" in printed()
     assert lab.check("7.2", lambda *a: {"bytes": 1}).status == "not yet"
-    assert "returned dict: return two numbers" in _line(capsys)
+    assert "returned dict: return two numbers" in printed()
     assert lab.check("7.2", lambda *a: (1, 2)).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert f"{len(EVERY_K_CASES)} of {len(EVERY_K_CASES)} cases not right" in line
     assert "the saved bytes are not right" in line and "the extra FLOPs are not right" in line
 
@@ -327,7 +314,7 @@ def test_micro_correct(lab, capsys):
     capsys.readouterr()
 
 
-def test_micro_mistakes_get_their_hint(lab, capsys):
+def test_micro_mistakes_get_their_hint(lab, printed):
     m = largest_micro_batch()
     smaller = [d for d in divisors(MICRO_JOB["global_batch"]) if d < m]
     for answer, words in [
@@ -338,7 +325,7 @@ def test_micro_mistakes_get_their_hint(lab, capsys):
     ]:
         assert answer != m
         assert lab.check("7.3", answer).status == "not yet"
-        assert words in _line(capsys)
+        assert words in printed()
 
 
 def test_micro_slips_never_name_the_right_answer():
@@ -346,18 +333,18 @@ def test_micro_slips_never_name_the_right_answer():
     assert float(largest_micro_batch()) not in values and len(values) == len(set(values))
 
 
-def test_micro_other_answers(lab, capsys):
+def test_micro_other_answers(lab, capsys, printed):
     assert lab.check("7.3", None).status == "not attempted"
     capsys.readouterr()
     G = MICRO_JOB["global_batch"]
     assert lab.check("7.3", G).status == "not yet"
-    assert "more than the budget" in _line(capsys)
+    assert "more than the budget" in printed()
     assert lab.check("7.3", 5).status == "not yet"
-    assert "the micro-batch must divide the global batch" in _line(capsys)
+    assert "the micro-batch must divide the global batch" in printed()
     assert lab.check("7.3", 2.5).status == "not yet"
-    assert "got 2.5" in _line(capsys)
+    assert "got 2.5" in printed()
     assert lab.check("7.3", "three").status == "not yet"
-    assert "answer a micro-batch, a number of sequences, got str" in _line(capsys)
+    assert "answer a micro-batch, a number of sequences, got str" in printed()
 
 
 def test_micro_helpers_refuse_bad_input():
@@ -447,7 +434,7 @@ def test_setup_slips_differ_from_the_reference():
     (3, "the cost is GPU-seconds (gpus x step_s)"),
     (4, "the rows are sorted cheapest first"),
 ])
-def test_setup_mistakes_get_their_hint(lab, capsys, index, words):
+def test_setup_mistakes_get_their_hint(lab, printed, index, words):
     fn, _ = setup_slips()[index]
 
     def mistaken(plan, max_gpus):
@@ -455,7 +442,7 @@ def test_setup_mistakes_get_their_hint(lab, capsys, index, words):
         return row.label, justification(row)
 
     assert lab.check("7.4", mistaken).status == "not yet"
-    assert words in _line(capsys)
+    assert words in printed()
 
 
 @pytest.mark.parametrize(("sentence", "words"), [
@@ -468,13 +455,13 @@ def test_setup_mistakes_get_their_hint(lab, capsys, index, words):
     (lambda r: "the cheapest", "give its per-GPU peak in GiB, to one decimal"),
     (lambda r: 42, "the second value is a sentence (a string), got int"),
 ])
-def test_sentence_mistakes_get_their_hint(lab, capsys, sentence, words):
+def test_sentence_mistakes_get_their_hint(lab, printed, sentence, words):
     def mistaken(plan, max_gpus):
         row = reference_setup(plan, max_gpus)
         return row.label, sentence(row)
 
     assert lab.check("7.4", mistaken).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert "the row is right, the sentence is not" in line or "got int" in line
     assert words in line
 
@@ -488,27 +475,27 @@ def test_sentence_numbers_are_read_to_one_decimal():
     assert "GPU-seconds" in sentence_problem(f"{peak:.1f} GiB", row)
 
 
-def test_setup_other_answers(lab, capsys):
+def test_setup_other_answers(lab, capsys, printed):
     def stub(plan, max_gpus):
         """Not written yet."""
 
     assert lab.check("7.4", stub).status == "not attempted"
     capsys.readouterr()
     assert lab.check("7.4", lambda plan, max_gpus: "full").status == "not yet"
-    assert "returned str: return (label or index, sentence)" in _line(capsys)
+    assert "returned str: return (label or index, sentence)" in printed()
     assert lab.check("7.4", lambda plan, max_gpus: ("ZeRO-9", "x")).status == "not yet"
-    assert "is not the label of a row of the plan" in _line(capsys)
+    assert "is not the label of a row of the plan" in printed()
     assert lab.check("7.4", lambda plan, max_gpus: (len(plan.rows), "x")).status == "not yet"
-    assert "is not a row of plan.rows" in _line(capsys)
+    assert "is not a row of plan.rows" in printed()
     assert lab.check("7.4", lambda plan, max_gpus: (True, "x")).status == "not yet"
-    assert "answer a row's label or its index in plan.rows, got True" in _line(capsys)
+    assert "answer a row's label or its index in plan.rows, got True" in printed()
 
     def foreign_row(plan, max_gpus):
         row = reference_setup(plan, max_gpus)
         return replace(row, micro_batch=row.micro_batch + 1), "x"
 
     assert lab.check("7.4", foreign_row).status == "not yet"
-    assert "that row is not one of this plan's rows" in _line(capsys)
+    assert "that row is not one of this plan's rows" in printed()
 
 
 def test_reference_setup_refuses_what_no_row_gives():

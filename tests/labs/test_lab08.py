@@ -52,19 +52,6 @@ from memlab.memory.activations import head_peaks
 from memlab.memory.context import kv_bytes_sent_per_step
 
 
-@pytest.fixture
-def lab():
-    lab = get_lab("lab08")
-    lab.reset()
-    return lab
-
-
-def _line(capsys) -> str:
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1, f"a check prints exactly one line, got {out!r}"
-    return out.rstrip("\n")
-
-
 def test_the_lab_has_its_exercises():
     assert get_lab("lab08").ids == ("8.1", "8.2", "8.3", "8.4", "8.5")
 
@@ -95,9 +82,9 @@ def test_reference_is_head_peaks_and_the_trace():
     assert traced_head_backward() == expected_head_bytes(TRACED_HEAD_CASE)[1]
 
 
-def test_head_correct(lab, capsys):
+def test_head_correct(lab, capsys, printed):
     assert lab.check("8.1", head_bytes).ok
-    assert _line(capsys) == "✅ 8.1 correct"
+    assert printed() == "✅ 8.1 correct"
     assert lab.check("8.1", lambda *a: [float(v) for v in head_bytes(*a)]).ok
     assert not lab.check("8.1", lambda *a: tuple(v + 1 for v in head_bytes(*a))).ok
     capsys.readouterr()
@@ -111,10 +98,10 @@ def test_head_correct(lab, capsys):
     (4, "take each model's own vocabulary"),
     (5, "return (forward, backward), in that order"),
 ])
-def test_head_mistakes_get_their_hint(lab, capsys, index, words):
+def test_head_mistakes_get_their_hint(lab, printed, index, words):
     fn, _ = head_slips()[index]
     assert lab.check("8.1", fn).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert words in line and "cases not right, the first " in line
 
 
@@ -139,13 +126,13 @@ def test_head_stub_and_bad_answers(lab, capsys):
     assert "return two numbers" in capsys.readouterr().out
 
 
-def test_the_traced_case_is_named_when_only_it_is_wrong(lab, capsys):
+def test_the_traced_case_is_named_when_only_it_is_wrong(lab, printed):
     def wrong_on_traced(cfg, batch_size, seq_len, precision):
         f, b = head_bytes(cfg, batch_size, seq_len, precision)
         return (f, b + 2) if cfg.name == head_case_args(TRACED_HEAD_CASE)["cfg"].name else (f, b)
 
     assert not lab.check("8.1", wrong_on_traced).ok
-    line = _line(capsys)
+    line = printed()
     assert "1 of 4 cases not right" in line and "(its backward traced)" in line
     assert "its forward is right, its backward is slightly too large" in line
 
@@ -163,34 +150,34 @@ def test_the_traced_steps_are_what_the_exercise_says():
     assert forward_peak(traced_chunked_step(k - 1)) > loss_budget_bytes()
 
 
-def test_loss_chunks_correct_and_wrong(lab, capsys):
+def test_loss_chunks_correct_and_wrong(lab, capsys, printed):
     k = fewest_loss_chunks()
     assert lab.check("8.2", k).ok
-    assert _line(capsys) == "✅ 8.2 correct"
+    assert printed() == "✅ 8.2 correct"
     assert lab.check("8.2", float(k)).ok
     capsys.readouterr()
     assert not lab.check("8.2", k - 1).ok
-    line = _line(capsys)
+    line = printed()
     assert f"with {k - 1} chunks the traced forward peak is" in line and "more than the budget" in line
     assert not lab.check("8.2", k + 1).ok
-    assert f"{k + 1} chunks fit, but fewer fit too" in _line(capsys)
+    assert f"{k + 1} chunks fit, but fewer fit too" in printed()
 
 
-def test_loss_chunk_mistakes_get_their_hint(lab, capsys):
+def test_loss_chunk_mistakes_get_their_hint(lab, printed):
     slips = loss_chunk_slips()
     assert slips, "at least one slip gives an answer of its own"
     for value, hint in slips:
         if value < 1:
             continue
         assert not lab.check("8.2", int(value)).ok
-        assert hint in _line(capsys)
+        assert hint in printed()
 
 
 def test_loss_chunk_slips_never_name_the_right_answer():
     assert all(v != fewest_loss_chunks() for v, _ in loss_chunk_slips())
 
 
-def test_loss_chunk_other_answers(lab, capsys):
+def test_loss_chunk_other_answers(lab, capsys, printed):
     assert lab.check("8.2", None).status == "not attempted"
     capsys.readouterr()
     for bad, words in [("five", "answer a number of loss chunks"),
@@ -198,7 +185,7 @@ def test_loss_chunk_other_answers(lab, capsys):
                        (0, "answer a whole number of chunks"),
                        (MAX_LOSS_CHUNKS + 1, "answer a whole number of chunks")]:
         assert lab.check("8.2", bad).status == "not yet"
-        assert words in _line(capsys)
+        assert words in printed()
 
 
 def test_traced_chunked_step_refuses_bad_input():
@@ -228,9 +215,9 @@ def test_the_measurement_is_the_formula():
         assert measured_host_bytes(case) == host_bytes_by_terms(**args) == offloaded_bytes(**args)
 
 
-def test_offload_correct(lab, capsys):
+def test_offload_correct(lab, printed):
     assert lab.check("8.3", offloaded_bytes).ok
-    assert _line(capsys) == "✅ 8.3 correct"
+    assert printed() == "✅ 8.3 correct"
 
 
 @pytest.mark.parametrize(("index", "words"), [
@@ -239,10 +226,10 @@ def test_offload_correct(lab, capsys):
     (2, "count one input per checkpointed block"),
     (3, "every block is checkpointed, block 0 too"),
 ])
-def test_offload_mistakes_get_their_hint(lab, capsys, index, words):
+def test_offload_mistakes_get_their_hint(lab, printed, index, words):
     fn, _ = offload_slips()[index]
     assert lab.check("8.3", fn).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert words in line and "cases not right, the first " in line
 
 
@@ -293,9 +280,9 @@ def test_the_measured_state_is_the_formula():
                 == adafactor_state_bytes(**args))
 
 
-def test_adafactor_correct(lab, capsys):
+def test_adafactor_correct(lab, printed):
     assert lab.check("8.4", adafactor_state_bytes).ok
-    assert _line(capsys) == "✅ 8.4 correct"
+    assert printed() == "✅ 8.4 correct"
 
 
 @pytest.mark.parametrize(("index", "words"), [
@@ -305,10 +292,10 @@ def test_adafactor_correct(lab, capsys):
     (3, "kept in the parameters' dtype, not fp32"),
     (4, "one step tensor per parameter, not one for the whole optimizer"),
 ])
-def test_adafactor_mistakes_get_their_hint(lab, capsys, index, words):
+def test_adafactor_mistakes_get_their_hint(lab, printed, index, words):
     fn, _ = adafactor_slips()[index]
     assert lab.check("8.4", fn).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert words in line and "cases not right, the first " in line
 
 
@@ -368,9 +355,9 @@ def test_the_counted_bytes_are_the_formula():
         assert counted_ring_bytes(case) == expected_ring_bytes(case)
 
 
-def test_ring_correct(lab, capsys):
+def test_ring_correct(lab, printed):
     assert lab.check("8.5", ring_bytes_sent).ok
-    assert _line(capsys) == "✅ 8.5 correct"
+    assert printed() == "✅ 8.5 correct"
 
 
 @pytest.mark.parametrize(("index", "words"), [
@@ -379,10 +366,10 @@ def test_ring_correct(lab, capsys):
     (2, "the gradient accumulators that travel with K and V are fp32"),
     (3, "both K and V travel"),
 ])
-def test_ring_mistakes_get_their_hint(lab, capsys, index, words):
+def test_ring_mistakes_get_their_hint(lab, printed, index, words):
     fn, _ = ring_slips()[index]
     assert lab.check("8.5", fn).status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert words in line and "cases not right, the first " in line and "(counted)" in line
 
 

@@ -50,30 +50,24 @@ def lab():
     return lab
 
 
-def _line(capsys) -> str:
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1, f"a check prints exactly one line, got {out!r}"
-    return out.rstrip("\n")
-
-
 # ------------------------------------------------------------------------ checks
 
 
-def test_correct_prints_one_line(lab, capsys):
+def test_correct_prints_one_line(lab, printed):
     result = lab.check("1.1", 4000)
     assert result.status == "correct" and result.ok
-    assert _line(capsys) == "✅ 1.1 correct" == str(result)
+    assert printed() == "✅ 1.1 correct" == str(result)
 
 
-def test_not_yet_says_what_is_wrong_never_the_recipe(lab, capsys):
+def test_not_yet_says_what_is_wrong_never_the_recipe(lab, printed):
     """The exercise's hint is the recipe: a wrong answer gets how far off it is instead."""
     result = lab.check("1.1", 1000)
     assert result.status == "not yet" and not result.ok
-    assert _line(capsys) == "❌ 1.1 not yet: 4.0x too small"
+    assert printed() == "❌ 1.1 not yet: 4.0x too small"
     for wrong, words in ((4400, "10% too large"), (4001, "slightly too large"), (0, "zero"),
                          (-4000, "sign")):
         assert words in str(lab.check("1.1", wrong))
-        assert "4 bytes" not in _line(capsys)
+        assert "4 bytes" not in printed()
 
 
 def test_off_by_never_gives_the_number():
@@ -97,9 +91,9 @@ def test_a_check_may_return_what_is_wrong_as_a_string(capsys):
     assert "answer a number of bytes, got str" in capsys.readouterr().out
 
 
-def test_reveal_waits_for_the_check(lab, capsys):
+def test_reveal_waits_for_the_check(lab, capsys, printed):
     assert not lab.reveal("1.1")
-    assert _line(capsys) == "🔒 shown once 1.1 is correct"
+    assert printed() == "🔒 shown once 1.1 is correct"
     lab.check("1.1", 4000)
     capsys.readouterr()
     assert lab.reveal("1.1")
@@ -117,22 +111,22 @@ def test_reveal_waits_for_the_check(lab, capsys):
 
 
 @pytest.mark.parametrize("stub", [None, ..., [None, None], (None, ...), {"a": None}])
-def test_stub_answers_are_not_attempted(lab, capsys, stub):
+def test_stub_answers_are_not_attempted(lab, printed, stub):
     assert lab.check("1.1", stub).status == "not attempted"
-    assert _line(capsys) == "⏳ 1.1 not attempted (replace None with your answer)"
+    assert printed() == "⏳ 1.1 not attempted (replace None with your answer)"
 
 
 @pytest.mark.parametrize("wrong", ["4000", "4 kB", [4000], {"bytes": 4000}, object(), True])
-def test_wrong_type_is_not_yet_never_a_traceback(lab, capsys, wrong):
+def test_wrong_type_is_not_yet_never_a_traceback(lab, printed, wrong):
     result = lab.check("1.1", wrong)
     assert result.status == "not yet"
-    assert "expected a number, got " + type(wrong).__name__ in _line(capsys)
+    assert "expected a number, got " + type(wrong).__name__ in printed()
 
 
-def test_wrong_type_in_a_custom_check(lab, capsys):
+def test_wrong_type_in_a_custom_check(lab, printed):
     result = lab.check("2.1", "3 KiB", measured=3072)
     assert result.status == "not yet"
-    line = _line(capsys)
+    line = printed()
     assert line.startswith("❌ 2.1 not yet: could not check an answer of type str")
     assert "count the bytes" not in line  # the exercise's hint is never printed
 
@@ -165,21 +159,21 @@ def test_array_and_tensor_answers(lab):
     assert not lab.check("1.1", torch.tensor([4000, 1])).ok
 
 
-def test_unit_mix_ups_are_named(lab, capsys):
+def test_unit_mix_ups_are_named(lab, printed):
     lab.check("1.2", 3.0)  # GB instead of GiB
-    assert "GiB and GB are different units" in _line(capsys)
+    assert "GiB and GB are different units" in printed()
     lab.check("1.1", 4000 * 1024)
-    assert "factor of 1024" in _line(capsys)
+    assert "factor of 1024" in printed()
     lab.check("1.1", 4000 * 8)
-    assert "bits and bytes" in _line(capsys)
+    assert "bits and bytes" in printed()
 
 
-def test_hints_stay_on_one_line(capsys):
+def test_hints_stay_on_one_line(printed):
     lab = Lab("t")
     lab.exercise("a", "x", check=lambda answer: (answer == 1, "first line\nsecond line"),
                  hint="the recipe")
     assert str(lab.check("a", 2)) == "❌ a not yet: first line second line"
-    _line(capsys)
+    printed()
 
 
 def test_context_reaches_the_check_and_expected(lab, capsys):
@@ -219,14 +213,14 @@ def test_bad_exercise_definitions():
         lab.exercise("1.1", "again", expected=lambda: 1)
 
 
-def test_summary_counts_latest_results(lab, capsys):
+def test_summary_counts_latest_results(lab, capsys, printed):
     lab.check("1.1", 1)
     lab.check("1.1", 4000)
     lab.check("1.2", 2.0)
     lab.check("1.3", None)
     capsys.readouterr()
     summary = lab.summary()
-    assert _line(capsys) == "t: 1/4 correct, 1 not yet (1.2), 2 not attempted (1.3, 2.1)"
+    assert printed() == "t: 1/4 correct, 1 not yet (1.2), 2 not attempted (1.3, 2.1)"
     assert (summary.correct, summary.not_yet, summary.not_attempted, summary.total) == (1, 1, 2, 4)
 
 

@@ -11,7 +11,12 @@ import pytest
 from memlab.errors import MemlabError
 from memlab.measure.step import measure_step
 from memlab.memory.activations import activation_bytes, saved_tensors
-from memlab.memory.estimator import estimate, optimizer_state_bytes
+from memlab.memory.estimator import (
+    batch_for_peak,
+    estimate,
+    largest_batch_that_fits,
+    optimizer_state_bytes,
+)
 from memlab.memory.experiments import estimator_accuracy
 from memlab.model.config import OPTIMIZERS, PRECISIONS, get_config, kv_cache_bytes
 from memlab.model.transformer import build_model, count_parameters
@@ -144,6 +149,21 @@ def test_cli_estimate_and_trace_agree_on_llama2_7b():
             assert key in out[cmd]
     assert out["estimate"]["parameters"] == out["trace"]["parameters"] == N7
     assert abs(out["estimate"]["peak_bytes"] / out["trace"]["peak_bytes"] - 1) < 0.03
+
+
+def test_the_batch_sizing_helpers_bisect_any_growing_peak():
+    def peak(b):
+        return 1000 * b + 7
+
+    for cap in (6, 7, 1006, 1007, 5000, 40_007, 10**9):
+        fits = max((b for b in range(1, 65) if peak(b) <= cap), default=0)
+        assert largest_batch_that_fits("tiny", cap, seq_len=8, max_batch=64, peak=peak) == fits
+        reach = batch_for_peak("tiny", cap, seq_len=8, max_batch=64, peak=peak)
+        assert reach == next((b for b in range(1, 65) if peak(b) >= cap), None)
+    cfg = get_config("tiny")
+    b = largest_batch_that_fits(cfg, 10**8, seq_len=64, precision="fp32")
+    assert estimate(cfg, batch_size=b, seq_len=64, precision="fp32").peak_bytes <= 10**8
+    assert estimate(cfg, batch_size=b + 1, seq_len=64, precision="fp32").peak_bytes > 10**8
 
 
 def test_parameter_count_matches_the_model():

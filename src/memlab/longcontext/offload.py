@@ -26,6 +26,7 @@ from memlab.compute.offload import compute_seconds, offload_verdict, transfer_se
 from memlab.errors import MemlabError, check_positive_int
 from memlab.finetune import Setup
 from memlab.finetune.estimate import estimate_finetune
+from memlab.memory.estimator import largest_batch_that_fits
 from memlab.model.config import ModelConfig, get_config
 from memlab.model.step import StepSpec
 
@@ -81,21 +82,11 @@ def largest_batch(model: ModelConfig | str, setup: Setup, capacity_bytes: int, *
     cfg = model if isinstance(model, ModelConfig) else get_config(model)
     check_positive_int("capacity_bytes", capacity_bytes)
 
-    def fits(b: int) -> bool:
-        return estimate_finetune(_spec(cfg, setup, b, seq_len, precision, offload)).peak_bytes \
-            <= capacity_bytes
+    def peak(b: int) -> int:
+        return estimate_finetune(_spec(cfg, setup, b, seq_len, precision, offload)).peak_bytes
 
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2
-    while hi <= max_batch and fits(hi):  # double, then bisect: the peak grows with the batch
-        lo, hi = hi, 2 * hi
-    if hi > max_batch:
-        return lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    return largest_batch_that_fits(cfg, capacity_bytes, seq_len=seq_len, max_batch=max_batch,
+                                   peak=peak)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ Tests hold this module to the traced step of :mod:`memlab.measure.step` (chapter
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
@@ -461,12 +462,18 @@ def step_estimate(*, parameters: int, P: int, G: int, S: int, A: int, tokens: in
 
 # Sizing helpers --------------------------------------------------------------------------------
 def batch_for_peak(model: ModelConfig | str, target_bytes: float, *, seq_len: int,
-                   max_batch: int = 1 << 16, **kwargs) -> int | None:
-    """Smallest batch size whose estimated peak reaches ``target_bytes``, or None (chapter: 1)."""
-    cfg = model if isinstance(model, ModelConfig) else get_config(model)
+                   max_batch: int = 1 << 16, peak: Callable[[int], int] | None = None,
+                   **kwargs) -> int | None:
+    """Smallest batch size whose estimated peak reaches ``target_bytes``, or None (chapter: 1).
 
-    def peak(b):
-        return estimate(cfg, batch_size=b, seq_len=seq_len, **kwargs).peak_bytes
+    ``peak`` maps a batch size to its peak bytes (None: :func:`estimate`'s peak at ``seq_len``
+    with ``kwargs``); it must grow with the batch, which the bisection relies on.
+    """
+    if peak is None:
+        cfg = model if isinstance(model, ModelConfig) else get_config(model)
+
+        def peak(b):
+            return estimate(cfg, batch_size=b, seq_len=seq_len, **kwargs).peak_bytes
 
     if peak(max_batch) < target_bytes:
         return None
@@ -480,10 +487,15 @@ def batch_for_peak(model: ModelConfig | str, target_bytes: float, *, seq_len: in
 
 
 def largest_batch_that_fits(model: ModelConfig | str, capacity_bytes: float, *, seq_len: int,
+                            max_batch: int = 1 << 16, peak: Callable[[int], int] | None = None,
                             **kwargs) -> int:
-    """Largest batch whose estimated peak stays within ``capacity_bytes`` (0 if none) (chapter: 1)."""
-    first_over = batch_for_peak(model, capacity_bytes + 1, seq_len=seq_len, **kwargs)
-    return (1 << 16) if first_over is None else first_over - 1
+    """Largest batch whose estimated peak stays within ``capacity_bytes`` (0 if none) (chapter: 1).
+
+    ``peak`` as in :func:`batch_for_peak`; at most ``max_batch``.
+    """
+    first_over = batch_for_peak(model, capacity_bytes + 1, seq_len=seq_len, max_batch=max_batch,
+                                peak=peak, **kwargs)
+    return max_batch if first_over is None else first_over - 1
 
 
 def bytes_per_param_curve(model: ModelConfig | str, *, seq_len: int, batches=(1, 2, 4, 8, 16, 32),
