@@ -22,6 +22,7 @@ model (chapter 5).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from memlab.errors import MemlabError, check_choice
@@ -29,18 +30,22 @@ from memlab.finetune.counts import adapted_linears, block_linear_shapes, trainab
 from memlab.finetune.lora import LoraConfig
 from memlab.finetune.qlora import BASE_SCHEMES
 from memlab.memory.activations import (
+    COMPUTE_BYTES,
     PARAM_BYTES,
     BackwardGrads,
     SavedTensor,
     activation_bytes,
     activation_peaks,
+    checkpointed_block_peak,
     grads_done_in_block,
+    offloaded_activation_bytes,
     saved_tensors,
 )
 from memlab.memory.estimator import (
     DEVICES,
     MemoryEstimate,
     estimate,
+    param_shape_groups,
     state_bytes,
     step_estimate,
     step_scratch_bytes,
@@ -109,10 +114,16 @@ def _consumers(cfg: ModelConfig, name: str) -> tuple[str, ...]:
     return _INPUT_OF.get(name, ())
 
 
-def _frozen_head(head: list[SavedTensor]) -> list[SavedTensor]:
-    """The final norm and head with a frozen LM head: no copy of its input, no normalized x."""
+def _frozen_head(head: list[SavedTensor], chunked: bool = False) -> list[SavedTensor]:
+    """The final norm and head with a frozen LM head: no copy of its input, no normalized x.
+
+    A ``chunked`` loss (:class:`memlab.model.loss.ChunkedLinearCrossEntropy`) keeps the norm's
+    output all the same: its backward makes each chunk's logits again from it, for the
+    gradient of the norm's output, whether or not the head's weight trains.
+    """
     return [t for t in head if not (t.name.startswith("final norm: normalized x")
-                                    or t.name.startswith("final norm: output"))]
+                                    or (t.name.startswith("final norm: output")
+                                        and not chunked))]
 
 
 _GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
@@ -190,6 +201,18 @@ def _lora_block(cfg: ModelConfig, block: list[SavedTensor], B: int, T: int, prec
     return out
 
 
+def _up_adapter_extra(cfg: ModelConfig, B: int, T: int, precision: str, lora: LoraConfig) -> int:
+    """Bytes an adapter on up_proj adds to a checkpointed block's forward at its MLP.
+
+    Where the plain block holds up's output and the product (or the GELU's output), the
+    adapted one holds the base's output, B's scaled output and their sum, in the adapter's
+    dtype (fp32 but under autocast), and A's (B, T, r) output.
+    """
+    cb = COMPUTE_BYTES[precision]
+    ab = cb if precision.endswith("-mixed") else ADAPTER_BYTES
+    return B * T * (cfg.ffn_dim * (2 * ab - cb) + lora.r * ab)
+
+
 def _first_trained_block(cfg: ModelConfig, block: list[SavedTensor]) -> list[SavedTensor]:
     """The lowest block gradients reach: its input (the frozen embedding's output, or a frozen
     block's) needs no gradient, so an RMSNorm keeps only what its own weight's gradient needs."""
@@ -245,14 +268,16 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
                           "checkpointing (the units' inputs on the host); without it, trace "
                           "the step (memlab trace), or add checkpointing")
 
-    everything = saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision, device=device)
+    K = spec.loss_chunks
+    everything = saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision, device=device,
+                               loss_chunks=K)
     model_level = [t for t in everything if t.scope == "model"]
     block = everything_block = [t for t in everything if t.scope == "layer"]
-    head = _frozen_head([t for t in everything if t.scope == "head"])
+    head = _frozen_head([t for t in everything if t.scope == "head"], chunked=K > 1)
     model_level = [t for t in model_level if not t.name.startswith("positions")]  # frozen pos_emb
-    ckpt_input = [t for t in saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision,
-                                           checkpointing=True, device=device)
-                  if t.scope == "layer"]
+    checkpointed = saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision,
+                                 checkpointing=True, device=device)
+    ckpt_input = [t for t in checkpointed if t.scope == "layer"]
     in_block = grads_done_in_block(cfg, precision)
     _, block_tensors, _ = param_groups(cfg)
 
@@ -261,8 +286,10 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
         layers = cfg.n_layer
         block = _lora_block(cfg, block, B, T, precision, lora, quantize_base is not None,
                             device)
-        tensors = [(lora.r * i, layers) for i, _ in targets.values()] + \
-                  [(o * lora.r, layers) for _, o in targets.values()]
+        # A (r, in) then B (out, r) of each adapted linear, block by block, as the optimizer
+        # visits them (Adafactor's state and scratch follow the shapes, 8-bit AdamW the sizes).
+        tensors = [(s, 1) for _ in range(layers) for i, o in targets.values()
+                   for s in ((lora.r, i), (o, lora.r))]
         trained_pb = ADAPTER_BYTES
         weights = base_weight_bytes(cfg, precision, quantize_base) + ADAPTER_BYTES * trainable
         # A 4-bit base dequantizes again in backward: no 16-bit weight copies stay alive.
@@ -272,7 +299,7 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
         ckpt_casts = layers * 2 * per_block
     else:
         layers = train_last
-        tensors = [(t, layers) for t in block_tensors]
+        tensors = [(s, 1) for _ in range(layers) for s in param_shape_groups(cfg)[1]]
         trained_pb = pb
         weights = pb * cfg.num_parameters()
         g_block = pb * sum(block_tensors)
@@ -282,23 +309,36 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
              _lora_block(cfg, everything_block, B, T, precision, lora, quantize_base is not None,
                          device, lowest=True))
     if ckpt:
-        saved = model_level + ckpt_input + head
+        # the units' inputs, and the RoPE tables the recomputed blocks read again
+        saved = [t for t in checkpointed if t.scope == "model" and not t.name.startswith(
+            "positions")] + ckpt_input + head
     elif first == block:
         saved = model_level + block + head
     else:  # the lowest block gradients reach saves less: its own list, once
         saved = model_level + [replace(t, scope="lowest") for t in first] + block + head
     P = weights
-    G = trained_pb * sum(t * k for t, k in tensors)
+    G = trained_pb * sum(math.prod(t) * k for t, k in tensors)
     S = state_bytes(tensors, trained_pb, optimizer, optimizer_impl, device)
     scratch = step_scratch_bytes(tensors, trained_pb, optimizer, optimizer_impl)
     A = activation_bytes(saved, layers - 1 if any(t.scope == "lowest" for t in saved)
                          else layers)
-    host = layers * BT * cfg.d_model * pb if spec.offload_activations else 0  # the units' inputs
+    host = 0
+    if spec.offload_activations:  # the trained units' inputs (memlab.model.offload)
+        host = offloaded_activation_bytes(cfg, batch_size=B, seq_len=T, precision=precision,
+                                          checkpointing=True, device=device, layers=layers)
     A -= host
-    grads = BackwardGrads(g_block, 0, trained_pb * max(t for t, _ in tensors), in_block)
+    grads = BackwardGrads(g_block, 0, trained_pb * max(math.prod(t) for t, _ in tensors),
+                          in_block)
     fwd, bwd = activation_peaks(cfg, saved, B, T, precision, ckpt, device, accumulating,
                                 block=block, layers=layers, grads=grads,
-                                checkpoint_casts=ckpt_casts, offload=spec.offload_activations)
+                                checkpoint_casts=ckpt_casts, offload=spec.offload_activations,
+                                loss_chunks=K, frozen_head=True)
+    if ckpt and lora is not None and "up_proj" in targets:
+        fwd = max(fwd, sum(t.bytes for t in saved if t.scope == "model")
+                  + BT * cfg.d_model * pb * (1 if spec.offload_activations else layers)
+                  + (ckpt_casts if precision.endswith("-mixed") else 0)
+                  + checkpointed_block_peak(cfg, B, T, precision)
+                  + _up_adapter_extra(cfg, B, T, precision, lora))
     setup = {**full.setup, "trainable_parameters": trainable,
              "lora": None if lora is None else {
                  "r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout,
