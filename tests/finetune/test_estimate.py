@@ -158,14 +158,24 @@ def test_a_chunked_loss_is_held_to_the_trace(seed, random_step):
 
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-gpt2"])  # untied and tied
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16"])
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("setup", CHUNKED_SET_UPS[:3], ids=lambda s: s.name)
-def test_chunks_that_do_not_divide_the_tokens(model, checkpointing, setup, request):
-    if checkpointing and setup.lora and setup.lora.selects("down_proj"):
+def test_a_small_vocabulary_and_chunks_that_do_not_divide_the_tokens(model, precision,
+                                                                     checkpointing, setup,
+                                                                     request):
+    # V = 8 C: with 7 chunks the blocks, not the head, make the peaks
+    if (precision == "bf16" and model == "tiny-gpt2" and setup.lora
+            and setup.lora.selects("down_proj")):
         request.applymarker(pytest.mark.xfail(
-            strict=True, reason="a checkpointed block's adapter on down_proj, with a small "
-            "vocabulary: its fp32 input copy and its backward are not walked op by op"))
-    spec = StepSpec(model, batch_size=2, seq_len=48, precision="bf16-mixed", loss_chunks=7,
+            reason="pure bf16 GPT-2, an adapter on down_proj: the backward walk counts a gradient "
+            "as large as each saved copy, where the adapter's backward frees them first"))
+    if (checkpointing and setup.train_last and model == "tiny-gpt2"
+            and not precision.endswith("-mixed")):
+        request.applymarker(pytest.mark.xfail(
+            reason="a recomputed GPT-2 block trained whole: the backward walk counts about "
+            "3% over the trace"))
+    spec = StepSpec(model, batch_size=2, seq_len=48, precision=precision, loss_chunks=7,
                     checkpointing=checkpointing, prepare=setup)  # 96 tokens: 6 chunks of 14, one of 12
     traced, est = _held_to_trace(spec)
     assert est.setup["loss_chunks"] == 7

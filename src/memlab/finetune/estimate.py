@@ -14,6 +14,12 @@ What changes when the base is frozen, tensor by tensor:
   input again (for A's gradient), cast to 16 bits under autocast and to fp32 in pure bf16, once
   per adapter, plus the (B, T, r) output of A. Blocks below the last ``k`` trained blocks save
   nothing when only those train.
+* **The chunked loss** (:mod:`memlab.model.loss`, chapter 8). The head is frozen, so the
+  chunked loss keeps the final norm's output and one log-sum-exp per token, and its backward
+  makes no weight gradient: no fp32 (V, C) accumulator, no per-chunk (V, C) product, only a
+  chunk's logits and their softmax gradient beside the gradient of the norm's output.
+* **The optimizer** sees the trained tensors by shape (LoRA's A (r, in) and B (out, r), a
+  block's weights), so Adafactor's factored moments and 8-bit AdamW's small-tensor rule apply.
 
 Held to :func:`memlab.measure.step.trace_step` with the set-up as its ``prepare`` hook (full,
 frozen, LoRA) and, for a quantized base, to :func:`memlab.measure.step.measure_step` on the book's
@@ -213,6 +219,52 @@ def _up_adapter_extra(cfg: ModelConfig, B: int, T: int, precision: str, lora: Lo
     return B * T * (cfg.ffn_dim * (2 * ab - cb) + lora.r * ab)
 
 
+def _down_proj_moment(cfg: ModelConfig, B: int, T: int, precision: str, lora: LoraConfig | None,
+                      block: list[SavedTensor] | None, device: str) -> int:
+    """Bytes alive at the last block's down_proj beyond what the blocks save, in the forward pass.
+
+    A frozen linear keeps no copy of its input, so the MLP norm's output (alive until the MLP
+    returns) and the MLP's product (or GELU output), the down projection's input, are on the
+    device then without being saved; beside them the projection's output, or with an adapter
+    the larger of two moments: A reading its fp32 copy of the input (and, under autocast, the
+    16-bit cast it saves), dropout making its mask and output from that copy, or the base's
+    output, B's and B's scaled. ``block``: what the block
+    saves, or None when it is checkpointed (then it saves nothing, and the residual stream
+    after attention is alive too).
+    """
+    BT, C, F = B * T, cfg.d_model, cfg.ffn_dim
+    cb, sb = COMPUTE_BYTES[precision], PARAM_BYTES[precision]
+    mixed = precision.endswith("-mixed")
+    names = set() if block is None else {t.name for t in block}
+    h2 = 0 if (not mixed and "MLP norm: output" in names) else BT * C * (4 if mixed else sb)
+    product = 0 if names & {"silu(gate) * up", "GELU output"} else BT * F * cb
+    residual = BT * C * sb if block is None else 0
+    if lora is None or not lora.selects("down_proj"):
+        return residual + h2 + product + BT * C * cb
+    ab = cb if mixed else ADAPTER_BYTES  # the adapter's output
+    x32 = BT * F * 4 if cb != 4 else 0  # x.to(fp32): a copy of a 16-bit input
+    x16 = BT * F * cb if (mixed and block is None) else 0  # autocast's cast, saved unless checkpointed
+    at_a = BT * C * cb + x32 + x16 + BT * lora.r * ab
+    at_b = BT * C * (cb + 2 * ab)
+    at_dropout = 0
+    if lora.dropout > 0:  # the mask and the output are saved unless the block is checkpointed
+        kept = 0 if block is not None else BT * F * ((1 if device == "cuda" else 4) + 4)
+        at_dropout = BT * C * cb + x32 + kept
+    return residual + h2 + product + max(at_a, at_b, at_dropout)
+
+
+def _down_input_grad(cfg: ModelConfig, B: int, T: int, lora: LoraConfig,
+                     block: list[SavedTensor]) -> int:
+    """fp32: the down projection's input gradient in two parts and their sum, less what is freed.
+
+    The base's part and the adapter's are added when both have arrived; by then the adapter's
+    saved input (and dropout mask) and A's output have been used and freed.
+    """
+    freed = sum(t.bytes for t in block if t.name.startswith("MLP adapter down_proj")
+                or t.name in ("silu(gate) * up", "GELU output"))
+    return 3 * B * T * cfg.ffn_dim * 4 - freed
+
+
 def _first_trained_block(cfg: ModelConfig, block: list[SavedTensor]) -> list[SavedTensor]:
     """The lowest block gradients reach: its input (the frozen embedding's output, or a frozen
     block's) needs no gradient, so an RMSNorm keeps only what its own weight's gradient needs."""
@@ -329,16 +381,35 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
     A -= host
     grads = BackwardGrads(g_block, 0, trained_pb * max(math.prod(t) for t, _ in tensors),
                           in_block)
+    # One checkpointed block is the lowest one gradients reach: its recomputation saves less.
     fwd, bwd = activation_peaks(cfg, saved, B, T, precision, ckpt, device, accumulating,
-                                block=block, layers=layers, grads=grads,
+                                block=first if ckpt and layers == 1 else block,
+                                layers=layers, grads=grads,
                                 checkpoint_casts=ckpt_casts, offload=spec.offload_activations,
                                 loss_chunks=K, frozen_head=True)
-    if ckpt and lora is not None and "up_proj" in targets:
-        fwd = max(fwd, sum(t.bytes for t in saved if t.scope == "model")
-                  + BT * cfg.d_model * pb * (1 if spec.offload_activations else layers)
-                  + (ckpt_casts if precision.endswith("-mixed") else 0)
-                  + checkpointed_block_peak(cfg, B, T, precision)
-                  + _up_adapter_extra(cfg, B, T, precision, lora))
+    model_bytes = sum(t.bytes for t in saved if t.scope == "model")
+    if ckpt:  # inside the last checkpointed block, which saves nothing: its MLP
+        below = (model_bytes + BT * cfg.d_model * pb * (1 if spec.offload_activations else layers)
+                 + (ckpt_casts if precision.endswith("-mixed") else 0))
+        fwd = max(fwd, below + _down_proj_moment(cfg, B, T, precision, lora, None, device))
+        if lora is not None and lora.selects("down_proj"):
+            # The backward recomputes the top block up to the last tensor it saves, here down's
+            # adapter's: all it saves, with those transients again, beside the gradient of the
+            # residual stream (and, in fp32, the two parts of the down projection's input's).
+            top = first if layers == 1 else block
+            top_bytes = below + sum(t.bytes for t in top) + BT * cfg.d_model * pb
+            bwd = max(bwd, top_bytes + _down_proj_moment(cfg, B, T, precision, lora, top, device))
+            if precision == "fp32":
+                bwd = max(bwd, top_bytes + _down_input_grad(cfg, B, T, lora, top))
+        if lora is not None and "up_proj" in targets:
+            fwd = max(fwd, below + checkpointed_block_peak(cfg, B, T, precision)
+                      + _up_adapter_extra(cfg, B, T, precision, lora))
+    else:  # the last block's down projection, before the final norm and the loss
+        fwd = max(fwd, A - sum(t.bytes for t in head)
+                  + _down_proj_moment(cfg, B, T, precision, lora, block, device))
+        if precision == "fp32" and lora is not None and lora.selects("down_proj"):
+            bwd = max(bwd, A - sum(t.bytes for t in head) + BT * cfg.d_model * pb
+                      + _down_input_grad(cfg, B, T, lora, block))
     setup = {**full.setup, "trainable_parameters": trainable,
              "lora": None if lora is None else {
                  "r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout,
