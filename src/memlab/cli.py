@@ -449,9 +449,6 @@ def _cmd_step(args, mode: str) -> int:
         raise MemlabError("--new-tokens and --kv-precision need --inference")
     cfg = get_config(args.model)
     prepare, trainable = _finetune_setup(args, cfg)
-    if prepare is not None and args.loss_chunks != 1 and mode != "trace":
-        raise MemlabError("--loss-chunks with a fine-tuning set-up is traced, not estimated: "
-                          "use memlab trace, or drop --loss-chunks")
     spec = StepSpec(cfg, batch_size=args.batch_size, seq_len=args.seq_len,
                     precision=args.precision or "fp32", optimizer=args.optimizer or "adamw",
                     optimizer_impl=args.optimizer_impl or "foreach",

@@ -62,4 +62,20 @@ def test_the_command_line_estimates_and_traces_a_chunked_loss(capsys, cli_error)
     cli_error([*base, "--loss-chunks", "2", "--inference"], "--loss-chunks is for a training step")
     for stage in ("1", "3"):  # the sharded estimate takes it (tests/distributed)
         assert main([*base, "--loss-chunks", "2", "--zero-stage", stage, "--gpus", "4"]) == 0
-    cli_error([*base, "--loss-chunks", "2", "--lora-rank", "4"], "memlab trace")
+    cli_error([*base, "--loss-chunks", "200", "--lora-rank", "4"], "from 1 to 128", "got 200")
+
+
+def test_the_command_line_estimates_a_chunked_loss_with_lora(capsys):
+    import json
+
+    from memlab.cli import main
+    from memlab.finetune import LoraConfig
+    from memlab.finetune.estimate import estimate_finetune
+
+    step = ["--model", "tiny", "--batch-size", "2", "--seq-len", "64", "--precision",
+            "bf16-mixed", "--loss-chunks", "8", "--lora-rank", "16", "--json"]
+    assert main(["estimate", *step]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    est = estimate_finetune("tiny", batch_size=2, seq_len=64, precision="bf16-mixed",
+                            loss_chunks=8, lora=LoraConfig(r=16, alpha=32))
+    assert printed["peak_bytes"] == est.peak_bytes and printed["setup"]["loss_chunks"] == 8

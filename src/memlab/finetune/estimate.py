@@ -14,6 +14,12 @@ What changes when the base is frozen, tensor by tensor:
   input again (for A's gradient), cast to 16 bits under autocast and to fp32 in pure bf16, once
   per adapter, plus the (B, T, r) output of A. Blocks below the last ``k`` trained blocks save
   nothing when only those train.
+* **The chunked loss** (:mod:`memlab.model.loss`, chapter 8). The head is frozen, so the
+  chunked loss keeps the final norm's output and one log-sum-exp per token, and its backward
+  makes no weight gradient: no fp32 (V, C) accumulator, no per-chunk (V, C) product, only a
+  chunk's logits and their softmax gradient beside the gradient of the norm's output.
+* **The optimizer** sees the trained tensors by shape (LoRA's A (r, in) and B (out, r), a
+  block's weights), so Adafactor's factored moments and 8-bit AdamW's small-tensor rule apply.
 
 Held to :func:`memlab.measure.step.trace_step` with the set-up as its ``prepare`` hook (full,
 frozen, LoRA) and, for a quantized base, to :func:`memlab.measure.step.measure_step` on the book's
@@ -22,6 +28,7 @@ model (chapter 5).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from memlab.errors import MemlabError, check_choice
@@ -29,18 +36,22 @@ from memlab.finetune.counts import adapted_linears, block_linear_shapes, trainab
 from memlab.finetune.lora import LoraConfig
 from memlab.finetune.qlora import BASE_SCHEMES
 from memlab.memory.activations import (
+    COMPUTE_BYTES,
     PARAM_BYTES,
     BackwardGrads,
     SavedTensor,
     activation_bytes,
     activation_peaks,
+    checkpointed_block_peak,
     grads_done_in_block,
+    offloaded_activation_bytes,
     saved_tensors,
 )
 from memlab.memory.estimator import (
     DEVICES,
     MemoryEstimate,
     estimate,
+    param_shape_groups,
     state_bytes,
     step_estimate,
     step_scratch_bytes,
@@ -109,10 +120,16 @@ def _consumers(cfg: ModelConfig, name: str) -> tuple[str, ...]:
     return _INPUT_OF.get(name, ())
 
 
-def _frozen_head(head: list[SavedTensor]) -> list[SavedTensor]:
-    """The final norm and head with a frozen LM head: no copy of its input, no normalized x."""
+def _frozen_head(head: list[SavedTensor], chunked: bool = False) -> list[SavedTensor]:
+    """The final norm and head with a frozen LM head: no copy of its input, no normalized x.
+
+    A ``chunked`` loss (:class:`memlab.model.loss.ChunkedLinearCrossEntropy`) keeps the norm's
+    output all the same: its backward makes each chunk's logits again from it, for the
+    gradient of the norm's output, whether or not the head's weight trains.
+    """
     return [t for t in head if not (t.name.startswith("final norm: normalized x")
-                                    or t.name.startswith("final norm: output"))]
+                                    or (t.name.startswith("final norm: output")
+                                        and not chunked))]
 
 
 _GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
@@ -190,6 +207,64 @@ def _lora_block(cfg: ModelConfig, block: list[SavedTensor], B: int, T: int, prec
     return out
 
 
+def _up_adapter_extra(cfg: ModelConfig, B: int, T: int, precision: str, lora: LoraConfig) -> int:
+    """Bytes an adapter on up_proj adds to a checkpointed block's forward at its MLP.
+
+    Where the plain block holds up's output and the product (or the GELU's output), the
+    adapted one holds the base's output, B's scaled output and their sum, in the adapter's
+    dtype (fp32 but under autocast), and A's (B, T, r) output.
+    """
+    cb = COMPUTE_BYTES[precision]
+    ab = cb if precision.endswith("-mixed") else ADAPTER_BYTES
+    return B * T * (cfg.ffn_dim * (2 * ab - cb) + lora.r * ab)
+
+
+def _down_proj_moment(cfg: ModelConfig, B: int, T: int, precision: str, lora: LoraConfig | None,
+                      block: list[SavedTensor] | None, device: str) -> int:
+    """Bytes alive at the last block's down_proj beyond what the blocks save, in the forward pass.
+
+    A frozen linear keeps no copy of its input, so the MLP norm's output (alive until the MLP
+    returns) and the MLP's product (or GELU output), the down projection's input, are on the
+    device then without being saved; beside them the projection's output, or with an adapter
+    the larger of two moments: A reading its fp32 copy of the input (and, under autocast, the
+    16-bit cast it saves), dropout making its mask and output from that copy, or the base's
+    output, B's and B's scaled. ``block``: what the block
+    saves, or None when it is checkpointed (then it saves nothing, and the residual stream
+    after attention is alive too).
+    """
+    BT, C, F = B * T, cfg.d_model, cfg.ffn_dim
+    cb, sb = COMPUTE_BYTES[precision], PARAM_BYTES[precision]
+    mixed = precision.endswith("-mixed")
+    names = set() if block is None else {t.name for t in block}
+    h2 = 0 if (not mixed and "MLP norm: output" in names) else BT * C * (4 if mixed else sb)
+    product = 0 if names & {"silu(gate) * up", "GELU output"} else BT * F * cb
+    residual = BT * C * sb if block is None else 0
+    if lora is None or not lora.selects("down_proj"):
+        return residual + h2 + product + BT * C * cb
+    ab = cb if mixed else ADAPTER_BYTES  # the adapter's output
+    x32 = BT * F * 4 if cb != 4 else 0  # x.to(fp32): a copy of a 16-bit input
+    x16 = BT * F * cb if (mixed and block is None) else 0  # autocast's cast, saved unless checkpointed
+    at_a = BT * C * cb + x32 + x16 + BT * lora.r * ab
+    at_b = BT * C * (cb + 2 * ab)
+    at_dropout = 0
+    if lora.dropout > 0:  # the mask and the output are saved unless the block is checkpointed
+        kept = 0 if block is not None else BT * F * ((1 if device == "cuda" else 4) + 4)
+        at_dropout = BT * C * cb + x32 + kept
+    return residual + h2 + product + max(at_a, at_b, at_dropout)
+
+
+def _down_input_grad(cfg: ModelConfig, B: int, T: int, lora: LoraConfig,
+                     block: list[SavedTensor]) -> int:
+    """fp32: the down projection's input gradient in two parts and their sum, less what is freed.
+
+    The base's part and the adapter's are added when both have arrived; by then the adapter's
+    saved input (and dropout mask) and A's output have been used and freed.
+    """
+    freed = sum(t.bytes for t in block if t.name.startswith("MLP adapter down_proj")
+                or t.name in ("silu(gate) * up", "GELU output"))
+    return 3 * B * T * cfg.ffn_dim * 4 - freed
+
+
 def _first_trained_block(cfg: ModelConfig, block: list[SavedTensor]) -> list[SavedTensor]:
     """The lowest block gradients reach: its input (the frozen embedding's output, or a frozen
     block's) needs no gradient, so an RMSNorm keeps only what its own weight's gradient needs."""
@@ -245,14 +320,16 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
                           "checkpointing (the units' inputs on the host); without it, trace "
                           "the step (memlab trace), or add checkpointing")
 
-    everything = saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision, device=device)
+    K = spec.loss_chunks
+    everything = saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision, device=device,
+                               loss_chunks=K)
     model_level = [t for t in everything if t.scope == "model"]
     block = everything_block = [t for t in everything if t.scope == "layer"]
-    head = _frozen_head([t for t in everything if t.scope == "head"])
+    head = _frozen_head([t for t in everything if t.scope == "head"], chunked=K > 1)
     model_level = [t for t in model_level if not t.name.startswith("positions")]  # frozen pos_emb
-    ckpt_input = [t for t in saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision,
-                                           checkpointing=True, device=device)
-                  if t.scope == "layer"]
+    checkpointed = saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision,
+                                 checkpointing=True, device=device)
+    ckpt_input = [t for t in checkpointed if t.scope == "layer"]
     in_block = grads_done_in_block(cfg, precision)
     _, block_tensors, _ = param_groups(cfg)
 
@@ -261,8 +338,10 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
         layers = cfg.n_layer
         block = _lora_block(cfg, block, B, T, precision, lora, quantize_base is not None,
                             device)
-        tensors = [(lora.r * i, layers) for i, _ in targets.values()] + \
-                  [(o * lora.r, layers) for _, o in targets.values()]
+        # A (r, in) then B (out, r) of each adapted linear, block by block, as the optimizer
+        # visits them (Adafactor's state and scratch follow the shapes, 8-bit AdamW the sizes).
+        tensors = [(s, 1) for _ in range(layers) for i, o in targets.values()
+                   for s in ((lora.r, i), (o, lora.r))]
         trained_pb = ADAPTER_BYTES
         weights = base_weight_bytes(cfg, precision, quantize_base) + ADAPTER_BYTES * trainable
         # A 4-bit base dequantizes again in backward: no 16-bit weight copies stay alive.
@@ -272,7 +351,7 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
         ckpt_casts = layers * 2 * per_block
     else:
         layers = train_last
-        tensors = [(t, layers) for t in block_tensors]
+        tensors = [(s, 1) for _ in range(layers) for s in param_shape_groups(cfg)[1]]
         trained_pb = pb
         weights = pb * cfg.num_parameters()
         g_block = pb * sum(block_tensors)
@@ -282,23 +361,55 @@ def estimate_finetune(model: StepSpec | ModelConfig | str, *, lora: LoraConfig |
              _lora_block(cfg, everything_block, B, T, precision, lora, quantize_base is not None,
                          device, lowest=True))
     if ckpt:
-        saved = model_level + ckpt_input + head
+        # the units' inputs, and the RoPE tables the recomputed blocks read again
+        saved = [t for t in checkpointed if t.scope == "model" and not t.name.startswith(
+            "positions")] + ckpt_input + head
     elif first == block:
         saved = model_level + block + head
     else:  # the lowest block gradients reach saves less: its own list, once
         saved = model_level + [replace(t, scope="lowest") for t in first] + block + head
     P = weights
-    G = trained_pb * sum(t * k for t, k in tensors)
+    G = trained_pb * sum(math.prod(t) * k for t, k in tensors)
     S = state_bytes(tensors, trained_pb, optimizer, optimizer_impl, device)
     scratch = step_scratch_bytes(tensors, trained_pb, optimizer, optimizer_impl)
     A = activation_bytes(saved, layers - 1 if any(t.scope == "lowest" for t in saved)
                          else layers)
-    host = layers * BT * cfg.d_model * pb if spec.offload_activations else 0  # the units' inputs
+    host = 0
+    if spec.offload_activations:  # the trained units' inputs (memlab.model.offload)
+        host = offloaded_activation_bytes(cfg, batch_size=B, seq_len=T, precision=precision,
+                                          checkpointing=True, device=device, layers=layers)
     A -= host
-    grads = BackwardGrads(g_block, 0, trained_pb * max(t for t, _ in tensors), in_block)
+    grads = BackwardGrads(g_block, 0, trained_pb * max(math.prod(t) for t, _ in tensors),
+                          in_block)
+    # One checkpointed block is the lowest one gradients reach: its recomputation saves less.
     fwd, bwd = activation_peaks(cfg, saved, B, T, precision, ckpt, device, accumulating,
-                                block=block, layers=layers, grads=grads,
-                                checkpoint_casts=ckpt_casts, offload=spec.offload_activations)
+                                block=first if ckpt and layers == 1 else block,
+                                layers=layers, grads=grads,
+                                checkpoint_casts=ckpt_casts, offload=spec.offload_activations,
+                                loss_chunks=K, frozen_head=True)
+    model_bytes = sum(t.bytes for t in saved if t.scope == "model")
+    if ckpt:  # inside the last checkpointed block, which saves nothing: its MLP
+        below = (model_bytes + BT * cfg.d_model * pb * (1 if spec.offload_activations else layers)
+                 + (ckpt_casts if precision.endswith("-mixed") else 0))
+        fwd = max(fwd, below + _down_proj_moment(cfg, B, T, precision, lora, None, device))
+        if lora is not None and lora.selects("down_proj"):
+            # The backward recomputes the top block up to the last tensor it saves, here down's
+            # adapter's: all it saves, with those transients again, beside the gradient of the
+            # residual stream (and, in fp32, the two parts of the down projection's input's).
+            top = first if layers == 1 else block
+            top_bytes = below + sum(t.bytes for t in top) + BT * cfg.d_model * pb
+            bwd = max(bwd, top_bytes + _down_proj_moment(cfg, B, T, precision, lora, top, device))
+            if precision == "fp32":
+                bwd = max(bwd, top_bytes + _down_input_grad(cfg, B, T, lora, top))
+        if lora is not None and "up_proj" in targets:
+            fwd = max(fwd, below + checkpointed_block_peak(cfg, B, T, precision)
+                      + _up_adapter_extra(cfg, B, T, precision, lora))
+    else:  # the last block's down projection, before the final norm and the loss
+        fwd = max(fwd, A - sum(t.bytes for t in head)
+                  + _down_proj_moment(cfg, B, T, precision, lora, block, device))
+        if precision == "fp32" and lora is not None and lora.selects("down_proj"):
+            bwd = max(bwd, A - sum(t.bytes for t in head) + BT * cfg.d_model * pb
+                      + _down_input_grad(cfg, B, T, lora, block))
     setup = {**full.setup, "trainable_parameters": trainable,
              "lora": None if lora is None else {
                  "r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout,

@@ -132,7 +132,7 @@ def checkpointed_block_peak(cfg: ModelConfig, B: int, T: int, precision: str) ->
 
 
 def chunked_head_peaks(cfg: ModelConfig, B: int, T: int, precision: str,
-                       loss_chunks: int) -> tuple[int, int]:
+                       loss_chunks: int, *, weight_grad: bool = True) -> tuple[int, int]:
     """Bytes the chunked head and loss add to the saved ones, at their two peaks (chapter: 8).
 
     Read against :class:`memlab.model.loss.ChunkedLinearCrossEntropy`, for its largest chunk of
@@ -143,6 +143,9 @@ def chunked_head_peaks(cfg: ModelConfig, B: int, T: int, precision: str,
     chunk: the logits again with their softmax gradient scaled (fp32) and cast, or that
     gradient's product with the chunk's input, a (V, C) matrix (and its fp32 copy), on its way
     into the accumulator. Few tokens per chunk make the second the larger.
+
+    ``weight_grad=False``: the head's weight is frozen (fine-tuning, chapter 5), so the backward
+    makes neither the accumulator nor the per-chunk product: only the first moment remains.
     """
     V, C, BT = cfg.vocab_size, cfg.d_model, B * T
     n = -(-BT // loss_chunks)
@@ -156,19 +159,22 @@ def chunked_head_peaks(cfg: ModelConfig, B: int, T: int, precision: str,
     fwd = w_cast + n * fwd_rows + 4  # + the running total
     at_softmax = n * bwd_rows
     at_weight_grad = n * 8 + n * V * cb + V * C * cb + (V * C * 4 if cb != 4 else 0)
+    if not weight_grad:
+        return fwd, BT * C * sb + w_cast + h_cast + at_softmax
     bwd = BT * C * sb + V * C * 4 + w_cast + h_cast + max(at_softmax, at_weight_grad)
     return fwd, bwd
 
 
 def head_peaks(cfg: ModelConfig, B: int, T: int, precision: str,
-               loss_chunks: int = 1) -> tuple[int, int]:
+               loss_chunks: int = 1, *, weight_grad: bool = True) -> tuple[int, int]:
     """Bytes the LM head and the loss hold at their forward and backward highest points (chapter: 8).
 
     Whole: the (B, T, V) logits in the compute dtype and their fp32 copy for the loss, then the
-    fp32 gradients of log-softmax's output and input. Chunked: :func:`chunked_head_peaks`.
+    fp32 gradients of log-softmax's output and input. Chunked: :func:`chunked_head_peaks`
+    (``weight_grad=False`` for a frozen head).
     """
     if loss_chunks > 1:
-        return chunked_head_peaks(cfg, B, T, precision, loss_chunks)
+        return chunked_head_peaks(cfg, B, T, precision, loss_chunks, weight_grad=weight_grad)
     BTV, cb = B * T * cfg.vocab_size, COMPUTE_BYTES[precision]
     return BTV * cb + (BTV * 4 if cb != 4 else 0), 2 * BTV * 4
 
@@ -421,7 +427,7 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
                      block: list[SavedTensor] | None = None, layers: int | None = None,
                      grads: BackwardGrads | None = None,
                      checkpoint_casts: int | None = None, loss_chunks: int = 1,
-                     offload: bool = False) -> tuple[int, int]:
+                     offload: bool = False, frozen_head: bool = False) -> tuple[int, int]:
     """Activation-side bytes at the forward and the backward pass's highest points (chapters: 1, 7).
 
     Forward: everything saved, plus the logits (and their fp32 copy) while the loss is
@@ -439,6 +445,7 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
     (:mod:`memlab.model.offload`): a checkpointed unit's input is on the device only while the
     unit runs, in the forward pass and again when its backward recomputes it; a block that is
     not recomputed has on the device only the saved tensor its backward is using.
+    ``frozen_head``: the LM head's weight takes no gradient (fine-tuning, chapter 5).
     """
     plan = parse_checkpointing(checkpointing)
     C = cfg.d_model
@@ -457,7 +464,8 @@ def activation_peaks(cfg, saved, B, T, precision, checkpointing, device, accumul
     A -= offloaded  # on the host once the forward pass ends (memlab.model.offload)
 
     # Forward.
-    head_fwd, head_bwd = head_peaks(cfg, B, T, precision, loss_chunks)
+    head_fwd, head_bwd = head_peaks(cfg, B, T, precision, loss_chunks,
+                                    weight_grad=not frozen_head)
     fwd = A + head_fwd  # the logits (whole, or a chunk's) while the loss is computed
     if offload and precision.endswith("-mixed"):
         # autocast's cache keeps the offloaded weight casts on the device until it exits
@@ -564,18 +572,21 @@ def _saved_below(plan, saved, block, L: int, x_in: int, offload: bool):
 
 def offloaded_activation_bytes(cfg: ModelConfig, *, batch_size: int, seq_len: int,
                                precision: str = "fp32", checkpointing: bool | str = False,
-                               device: str = "cuda") -> int:
-    """Bytes activation offloading keeps on the host after the forward pass (chapter: 8).
+                               device: str = "cuda", layers: int | None = None) -> int:
+    """Bytes activation offloading keeps on the host after the forward pass (chapters: 5, 8).
 
     Everything the blocks save: with full checkpointing, exactly L x B x T x C elements of the
     residual stream's dtype (the units' inputs); without it, every block's saved tensors.
+    ``layers``: the blocks that save anything, when fewer than the model's (the trained blocks
+    of a fine-tuning step, chapter 5, below which nothing needs a gradient).
     """
     plan = parse_checkpointing(checkpointing)
     saved = saved_tensors(cfg, batch_size=batch_size, seq_len=seq_len, precision=precision,
                           checkpointing=checkpointing, device=device)
     block = block_tensors(cfg, batch_size, seq_len, precision, device)
     x_in = batch_size * seq_len * cfg.d_model * PARAM_BYTES[precision]
-    return _saved_below(plan, saved, block, cfg.n_layer, x_in, True)[3]
+    L = cfg.n_layer if layers is None else layers
+    return _saved_below(plan, saved, block, L, x_in, True)[3]
 
 
 # Tiles alive in the book's FlashAttention backward: at the loop's highest point (S_ij, P_ij,
