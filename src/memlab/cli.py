@@ -368,6 +368,8 @@ def _step_json(result, mode: str, spec) -> dict:
         d = {"mode": "estimated", "conventions": result.setup["device"]} | d
     else:
         d |= {"conventions": "cpu", "parameters": result.setup["parameters"]}
+    # the parameters one token passes through: all of a dense model's, k experts of an MoE's
+    d["active_parameters"] = spec.config.active_parameters()
     return d | _flops_json(result, mode, spec)
 
 

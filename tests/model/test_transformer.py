@@ -255,7 +255,8 @@ def test_hf_config_is_named_by_its_own_name_else_by_its_path(tmp_path):
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({"model_type": ["llama"]}, "the config has model_type ['llama']; accepted: gpt2, llama, mistral, qwen2"),
+    ({"model_type": ["llama"]}, "the config has model_type ['llama']; accepted: gpt2, llama, mistral, qwen2, "
+                                   "mixtral, qwen2_moe"),
     ({"model_type": "gpt2", "vocab_size": 10, "n_layer": 1, "n_head": 1, "n_positions": 8},
      "the config lacks the key 'n_embd'; accepted keys: n_embd, hidden_size"),
     ({"model_type": "llama", "vocab_size": 10, "num_hidden_layers": 1, "num_attention_heads": 2,

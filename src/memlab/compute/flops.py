@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 from memlab.errors import MemlabError, check_positive_int
 from memlab.model.checkpoint import parse_checkpointing
-from memlab.model.config import ModelConfig, get_config
+from memlab.model.config import ModelConfig, check_dense, get_config
 from memlab.model.step import StepSpec
 
 # Backward FLOPs over forward FLOPs of one attention core, as torch's formulas count them: a
@@ -100,7 +100,7 @@ def matmul_parameters(cfg: ModelConfig | str) -> int:
     Leaves out the embedding lookups (no multiply), the norms and the biases, which
     FlopCounterMode does not count; a tied head counts once, as a multiply.
     """
-    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+    cfg = check_dense(get_config(cfg) if isinstance(cfg, str) else cfg, "the FLOP count")
     C, hs, F = cfg.d_model, cfg.head_dim, cfg.ffn_dim
     attn = C * cfg.n_head * hs + 2 * C * cfg.kv_heads * hs + cfg.n_head * hs * C
     mlp = (2 if cfg.style == "gpt2" else 3) * C * F
@@ -122,7 +122,7 @@ def step_flops(config_or_spec: StepSpec | ModelConfig | str, *, early_stop: bool
     ``batch_size``, ``seq_len``, ``checkpointing``, ``grad_accum_steps``, ``attention`` ...).
     """
     spec = StepSpec.of(config_or_spec, **switches)
-    cfg = spec.config
+    cfg = check_dense(spec.config, "the FLOP count")
     _check_attention(cfg)
     if not isinstance(early_stop, bool):
         raise MemlabError(f"early_stop must be True or False, got {early_stop!r}")

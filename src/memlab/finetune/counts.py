@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from memlab.errors import MemlabError, check_positive_int
 from memlab.finetune.lora import LoraConfig
-from memlab.model.config import ModelConfig, get_config
+from memlab.model.config import ModelConfig, check_dense, get_config
 
 
 def block_linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int, bool]]:
     """(in features, out features, bias) of each linear layer in one block, by module name (chapter: 5)."""
+    check_dense(cfg, "fine-tuning")
     C, F, kv = cfg.d_model, cfg.ffn_dim, cfg.kv_heads * cfg.head_dim
     q = cfg.n_head * cfg.head_dim
     bias = cfg.style == "gpt2"

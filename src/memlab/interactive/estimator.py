@@ -35,6 +35,7 @@ from memlab.model.config import (
     HF_FIELDS,
     HF_FIXED,
     HF_KINDS,
+    HF_MOE_FIELDS,
     HF_STYLES,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
@@ -51,9 +52,10 @@ from memlab.units import UNITS, fmt_bytes, to_unit
 
 BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192)
-# The config.json families the page reads: not those with fixed biases on q, k and v, which the
-# page's tables have no variant for (as its presets, _model_names).
-PAGE_STYLES = {t: s for t, s in HF_STYLES.items() if not HF_FIXED.get(t, {}).get("qkv_bias")}
+# The config.json families the page reads: not those with fixed biases on q, k and v or with
+# experts, which the page's tables have no variant for (as its presets, _model_names).
+PAGE_STYLES = {t: s for t, s in HF_STYLES.items()
+               if not HF_FIXED.get(t, {}).get("qkv_bias") and t not in HF_MOE_FIELDS}
 
 
 def _model_names() -> tuple[str, ...]:
@@ -62,7 +64,7 @@ def _model_names() -> tuple[str, ...]:
     Nor, for now, models with biases on q, k and v (the page's tables have no such variant).
     """
     return tuple(name for name, cfg in PRESETS.items()
-                 if not name.startswith("tiny") and not cfg.qkv_bias)
+                 if not name.startswith("tiny") and not cfg.qkv_bias and cfg.moe is None)
 
 
 def _clamp_seq_len(cfg: ModelConfig, seq_len: int) -> tuple[int, str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from memlab.model.checkpoint import Checkpointing, parse_checkpointing
-from memlab.model.config import DEFAULT_BLOCK, ModelConfig, param_groups
+from memlab.model.config import DEFAULT_BLOCK, ModelConfig, check_dense, param_groups
 
 PARAM_BYTES = {"fp32": 4, "fp16-mixed": 4, "bf16-mixed": 4, "bf16": 2}  # master weights
 COMPUTE_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2, "bf16": 2}  # matmul outputs
@@ -61,6 +61,7 @@ def saved_tensors(cfg: ModelConfig, *, batch_size: int, seq_len: int, precision:
     instead of the logits' log-softmax (and, under autocast, of the head's 16-bit copies).
     """
     plan = parse_checkpointing(checkpointing)
+    check_dense(cfg, "the estimator")
     B, T, C, V = batch_size, seq_len, cfg.d_model, cfg.vocab_size
     hs = cfg.head_dim
     BT = B * T

@@ -41,7 +41,7 @@ from memlab.memory.context import (
     ring_peaks,
     ring_saved_tensors,
 )
-from memlab.model.config import ModelConfig, get_config, kv_cache_bytes
+from memlab.model.config import ModelConfig, check_dense, get_config, kv_cache_bytes, mlp_shapes
 from memlab.model.step import PHASES, StepSpec, checkpointing_words, step_bytes
 from memlab.units import to_unit
 
@@ -149,7 +149,7 @@ def param_shape_groups(cfg: ModelConfig) -> tuple[list[tuple], list[tuple], list
         embed = [(V, C)]
         qkv = ([(C, C), (C,), (kv, C), (kv,), (kv, C), (kv,)] if cfg.qkv_bias
                else [(C, C), (kv, C), (kv, C)])
-        block = [(C,), *qkv, (C, C), (C,), (F, C), (F, C), (C, F)]
+        block = [(C,), *qkv, (C, C), (C,), *mlp_shapes(cfg)]
         head = [(C,)]
     if not cfg.tied:
         head.append((V, C))
@@ -522,7 +522,7 @@ def forward_stage_bytes(cfg: ModelConfig | str, *, batch_size: int, new_position
     is freed as soon as nothing refers to it, and the input of a block stays alive in the
     caller until the block returns. Only the last position's logits are computed.
     """
-    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+    cfg = check_dense(get_config(cfg) if isinstance(cfg, str) else cfg, "the inference estimate")
     for what, value in (("batch_size", batch_size), ("new_positions", new_positions),
                         ("positions", positions)):
         check_positive_int(what, value)
@@ -596,7 +596,7 @@ def estimate_inference(cfg: ModelConfig | str, batch_size: int, seq_len: int,
     far (counted as temporaries). Returns a :class:`MemoryEstimate` with mode
     'inference' and phases 'prefill' and 'decode'.
     """
-    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+    cfg = check_dense(get_config(cfg) if isinstance(cfg, str) else cfg, "the inference estimate")
     if not isinstance(cfg, ModelConfig):
         raise MemlabError(f"model must be a preset name or a ModelConfig, got {cfg!r}")
     check_positive_int("batch_size", batch_size)

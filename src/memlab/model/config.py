@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
+from numbers import Real
 from pathlib import Path
 
 from memlab.errors import MemlabError, check_choice
@@ -24,6 +25,72 @@ OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adamw-8bit", "adamw-bf16-
 OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop")
 DEFAULT_BLOCK = 64  # the book's FlashAttention (memlab.model.flash): rows of Q and of K/V per tile
 ATTENTION_IMPLS = ("sdpa", "eager", "flash")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The experts of every block's MLP (:mod:`memlab.model.moe`) (chapter: 9). Sizes are counts."""
+
+    experts: int  # E, routed experts per block
+    top_k: int  # k, experts each token goes to
+    d_ff: int  # each routed expert's hidden width
+    shared_d_ff: int = 0  # the shared experts' hidden width, all of them together (0: none)
+    shared_gate: bool = False  # a sigmoid gate on the shared output (Qwen-MoE)
+    norm_topk_prob: bool = True  # renormalize the k chosen probabilities (Mixtral) or not
+    capacity_factor: float | None = None  # None: every routed row is computed (dropless)
+    aux_loss_coef: float = 0.0  # weight of the load-balancing loss in the training loss
+
+    def __post_init__(self) -> None:
+        for f in ("experts", "top_k", "d_ff"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise MemlabError(f"moe {f} must be a positive integer, got {v!r}")
+        if self.top_k > self.experts:
+            raise MemlabError(f"moe top_k ({self.top_k}) must be at most the experts "
+                              f"({self.experts})")
+        v = self.shared_d_ff
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise MemlabError(f"moe shared_d_ff must be a whole number (0: no shared expert), "
+                              f"got {v!r}")
+        for f in ("shared_gate", "norm_topk_prob"):
+            if not isinstance(getattr(self, f), bool):
+                raise MemlabError(f"moe {f} must be true or false, got {getattr(self, f)!r}")
+        if self.shared_gate and not self.shared_d_ff:
+            raise MemlabError("moe shared_gate needs a shared expert (shared_d_ff > 0)")
+        c = self.capacity_factor
+        if c is not None and (isinstance(c, bool) or not isinstance(c, Real) or not c > 0
+                              or not math.isfinite(c)):
+            raise MemlabError(f"moe capacity_factor must be a positive number or null "
+                              f"(dropless), got {c!r}")
+        a = self.aux_loss_coef
+        if isinstance(a, bool) or not isinstance(a, Real) or not a >= 0 or not math.isfinite(a):
+            raise MemlabError(f"moe aux_loss_coef must be a number >= 0, got {a!r}")
+
+    def capacity(self, tokens: int) -> int | None:
+        """Rows one expert computes at most for ``tokens`` tokens: ceil(c·N·k/E) (chapter: 9)."""
+        if self.capacity_factor is None:
+            return None
+        return math.ceil(self.capacity_factor * tokens * self.top_k / self.experts)
+
+    def block_parameters(self, d_model: int) -> int:
+        """Parameters of one block's MoE MLP: router, experts, shared expert and its gate (chapter: 9)."""
+        C = d_model
+        return (C * self.experts + self.experts * 3 * C * self.d_ff + 3 * C * self.shared_d_ff
+                + (C if self.shared_gate else 0))
+
+    def active_block_parameters(self, d_model: int) -> int:
+        """Parameters one token passes through in one block's MoE MLP (chapter: 9).
+
+        The router (all of it: every expert's logit is computed), its k experts and the shared
+        expert with its gate.
+        """
+        C = d_model
+        return (C * self.experts + self.top_k * 3 * C * self.d_ff + 3 * C * self.shared_d_ff
+                + (C if self.shared_gate else 0))
+
+    def to_dict(self) -> dict:
+        """The fields as a plain dict (chapter: 9)."""
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -48,9 +115,18 @@ class ModelConfig:
     # Biases on the q, k and v projections of a Llama-style model (Qwen2's attention); GPT-2
     # style has biases everywhere regardless.
     qkv_bias: bool = False
+    # Every block's MLP a mixture of experts (Llama style only; memlab.model.moe), or dense.
+    moe: MoEConfig | None = None
 
     def __post_init__(self) -> None:
         check_choice("model style", self.style, ("llama", "gpt2"))
+        if isinstance(self.moe, dict):  # a config read back from JSON
+            object.__setattr__(self, "moe", MoEConfig(**self.moe))
+        if self.moe is not None and not isinstance(self.moe, MoEConfig):
+            raise MemlabError(f"model config moe must be a MoEConfig or null, got {self.moe!r}")
+        if self.moe is not None and self.style != "llama":
+            raise MemlabError("model config moe needs style 'llama' (experts are SwiGLU MLPs), "
+                              f"got style {self.style!r}")
         if not isinstance(self.qkv_bias, bool):
             raise MemlabError(f"model config qkv_bias must be true or false, got {self.qkv_bias!r}")
         check_choice("attention", self.attention, ATTENTION_IMPLS)
@@ -115,13 +191,26 @@ class ModelConfig:
             attn = C * C + 2 * C * kv + C * C  # q, k, v, o
             if self.qkv_bias:
                 attn += C + 2 * kv
-            mlp = 3 * C * F_  # gate, up, down
+            mlp = 3 * C * F_ if self.moe is None else self.moe.block_parameters(C)
             norms = 2 * C
             block = attn + mlp + norms
             total = V * C + L * block + C  # embed + blocks + final norm
         if not self.tied:
             total += V * C
         return total
+
+    def active_parameters(self) -> int:
+        """Parameters one token passes through (chapter: 9).
+
+        All of a dense model; an MoE model's embedding, attention, norms, head, router, k
+        experts and shared expert per block (:meth:`MoEConfig.active_block_parameters`).
+        """
+        n = self.num_parameters()
+        if self.moe is None:
+            return n
+        C = self.d_model
+        return n - self.n_layer * (self.moe.block_parameters(C)
+                                   - self.moe.active_block_parameters(C))
 
     def to_dict(self) -> dict:
         """The config's fields as a plain dict (chapter: all)."""
@@ -134,6 +223,13 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(
         name="tiny", style="llama", vocab_size=512, n_layer=2, n_head=4, n_kv_head=2,
         d_model=64, d_ff=176, max_seq_len=128,
+    ),
+    # The tiny model with a mixture of experts in every block, a shared expert and its gate.
+    "tiny-moe": ModelConfig(
+        name="tiny-moe", style="llama", vocab_size=512, n_layer=2, n_head=4, n_kv_head=2,
+        d_model=64, d_ff=176, max_seq_len=128,
+        moe=MoEConfig(experts=4, top_k=2, d_ff=64, shared_d_ff=64, shared_gate=True,
+                      aux_loss_coef=0.01),
     ),
     "tiny-gpt2": ModelConfig(
         name="tiny-gpt2", style="gpt2", vocab_size=512, n_layer=2, n_head=4, d_model=64,
@@ -185,6 +281,21 @@ PRESETS: dict[str, ModelConfig] = {
         name="llama3-405b", vocab_size=128256, n_layer=126, n_head=128, n_kv_head=8,
         d_model=16384, d_ff=53248, max_seq_len=8192, rope_theta=500000.0,
     ),
+    # Mixtral 8x7B (Jiang et al. 2024, arXiv 2401.04088): Mistral 7B's attention, every MLP
+    # eight SwiGLU experts of Mistral's width, two per token, renormalized.
+    "mixtral-8x7b": ModelConfig(
+        name="mixtral-8x7b", vocab_size=32000, n_layer=32, n_head=32, n_kv_head=8, d_model=4096,
+        d_ff=14336, max_seq_len=32768, rope_theta=1000000.0,
+        moe=MoEConfig(experts=8, top_k=2, d_ff=14336, norm_topk_prob=True, aux_loss_coef=0.02),
+    ),
+    # Qwen1.5-MoE-A2.7B: 60 small experts, four per token, not renormalized, and a shared
+    # expert four experts wide with a sigmoid gate; biases on q, k and v (its config.json).
+    "qwen1.5-moe-a2.7b": ModelConfig(
+        name="qwen1.5-moe-a2.7b", vocab_size=151936, n_layer=24, n_head=16, d_model=2048,
+        d_ff=5632, max_seq_len=8192, rope_theta=1000000.0, norm_eps=1e-6, qkv_bias=True,
+        moe=MoEConfig(experts=60, top_k=4, d_ff=1408, shared_d_ff=5632, shared_gate=True,
+                      norm_topk_prob=False, aux_loss_coef=0.001),
+    ),
     "mistral-7b": ModelConfig(
         name="mistral-7b", vocab_size=32000, n_layer=32, n_head=32, n_kv_head=8, d_model=4096,
         d_ff=14336, max_seq_len=32768, rope_theta=1000000.0,
@@ -216,10 +327,10 @@ def get_config(name_or_path: str | Path, **overrides) -> ModelConfig:
 # One table says how a config.json becomes a ModelConfig; the Python loader below and the
 # kernel-free estimator's script (memlab.interactive.estimator) both read it.
 HF_STYLES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama",  # model_type -> style
-             "qwen2": "llama"}
-# Fields a family fixes rather than its config.json: Qwen2 always has q/k/v biases
-# (transformers' Qwen2Attention: bias=True on q_proj, k_proj, v_proj; none on o_proj).
-HF_FIXED = {"qwen2": {"qkv_bias": True}}
+             "qwen2": "llama", "mixtral": "llama", "qwen2_moe": "llama"}
+# Fields a family fixes rather than its config.json: Qwen2 and Qwen2-MoE always have q/k/v
+# biases (transformers' Qwen2Attention: bias=True on q_proj, k_proj, v_proj; none on o_proj).
+HF_FIXED = {"qwen2": {"qkv_bias": True}, "qwen2_moe": {"qkv_bias": True}}
 HF_KINDS = {  # what a field's value must be, as the one-line errors say it
     "count": "a positive integer",
     "count-or-null": "a positive integer or null",
@@ -272,6 +383,60 @@ HF_FIELDS: dict[str, tuple[HFField, ...]] = {
 }
 
 
+# The experts of the mixture-of-experts families (MoEConfig's fields), read as HF_FIELDS are;
+# what a family fixes is in HF_MOE_FIXED: Mixtral renormalizes its top-k probabilities
+# (transformers' MixtralSparseMoeBlock) and its experts are intermediate_size wide; Qwen2-MoE
+# gates its shared expert with a sigmoid (Qwen2MoeSparseMoeBlock.shared_expert_gate).
+HF_MOE_FIELDS: dict[str, tuple[HFField, ...]] = {
+    "mixtral": (
+        HFField("experts", ("num_local_experts",), "count"),
+        HFField("top_k", ("num_experts_per_tok",), "count"),
+        HFField("d_ff", ("intermediate_size",), "count"),
+        HFField("aux_loss_coef", ("router_aux_loss_coef",), "number", required=False,
+                default=0.0),
+    ),
+    "qwen2_moe": (
+        HFField("experts", ("num_experts",), "count"),
+        HFField("top_k", ("num_experts_per_tok",), "count"),
+        HFField("d_ff", ("moe_intermediate_size",), "count"),
+        HFField("shared_d_ff", ("shared_expert_intermediate_size",), "count"),
+        HFField("norm_topk_prob", ("norm_topk_prob",), "flag-or-null", required=False,
+                default=False),
+        HFField("aux_loss_coef", ("router_aux_loss_coef",), "number", required=False,
+                default=0.0),
+    ),
+}
+HF_MOE_FIXED = {"mixtral": {"norm_topk_prob": True}, "qwen2_moe": {"shared_gate": True}}
+
+
+def _hf_moe(raw: dict, mtype: str, source: str) -> MoEConfig | None:
+    """The experts of a mixture-of-experts family's config.json, or None for a dense one."""
+    if mtype not in HF_MOE_FIELDS:
+        return None
+    if mtype == "qwen2_moe" and (raw.get("decoder_sparse_step", 1) != 1
+                                 or raw.get("mlp_only_layers")):
+        raise MemlabError(f"{source} makes some blocks dense (decoder_sparse_step "
+                          f"{raw.get('decoder_sparse_step', 1)!r}, mlp_only_layers "
+                          f"{raw.get('mlp_only_layers')!r}): the book's model has experts in "
+                          f"every block; accepted: decoder_sparse_step 1 and no mlp_only_layers")
+    values = dict(HF_MOE_FIXED.get(mtype, {}))
+    for f in HF_MOE_FIELDS[mtype]:
+        key = next((k for k in f.keys if k in raw), None)
+        if key is None:
+            if f.required:
+                raise MemlabError(f"{source} lacks the key {f.keys[0]!r}; accepted keys: "
+                                  f"{', '.join(f.keys)}")
+            values[f.field] = f.default
+        else:
+            values[f.field] = _hf_value(source, key, raw[key], f.kind)
+    if values.get("norm_topk_prob") is None:
+        values["norm_topk_prob"] = False
+    try:
+        return MoEConfig(**values)
+    except MemlabError as exc:
+        raise MemlabError(f"{source}: {exc}") from None
+
+
 def _hf_value(source: str, key: str, value, kind: str):
     """``value`` checked against ``kind``; JSON has one number type, so 768.0 reads as 768."""
     if kind in ("count", "count-or-null"):
@@ -291,7 +456,7 @@ def _hf_value(source: str, key: str, value, kind: str):
 
 def config_from_hf_dict(raw, source: str = "the config", name: str | None = None,
                         styles: dict[str, str] | None = None) -> ModelConfig:
-    """A :class:`ModelConfig` from a parsed config.json: GPT-2, Llama, Mistral, Qwen2 (chapters: 1, 8).
+    """A :class:`ModelConfig` from a parsed config.json of a :data:`HF_STYLES` family (chapters: 1, 9).
 
     ``source`` names the config in the one-line errors; the model's name is the config's
     ``_name_or_path``, else ``name``, else its model_type and size. ``styles``: the families
@@ -339,7 +504,8 @@ def config_from_hf_dict(raw, source: str = "the config", name: str | None = None
     own = raw.get("_name_or_path")
     if not (isinstance(own, str) and own):
         own = name or f"{mtype} ({values['n_layer']} layers, width {C})"
-    return ModelConfig(name=own, style=style, **values, **HF_FIXED.get(mtype, {}))
+    return ModelConfig(name=own, style=style, **values, **HF_FIXED.get(mtype, {}),
+                       moe=_hf_moe(raw, mtype, source))
 
 
 def config_from_hf(path: str | Path) -> ModelConfig:
@@ -360,6 +526,30 @@ def config_from_hf(path: str | Path) -> ModelConfig:
 
 
 # Counting from the shape ---------------------------------------------------------------------
+def check_dense(cfg: ModelConfig, what: str) -> ModelConfig:
+    """``cfg`` if its MLPs are dense; else a one-line error: ``what`` models dense MLPs only (chapter: 9)."""
+    if cfg.moe is not None:
+        raise MemlabError(f"{what} models dense MLPs; {cfg.name!r} is a mixture of experts "
+                          f"({cfg.moe.experts} experts, top {cfg.moe.top_k}): trace its step "
+                          f"(memlab trace) instead")
+    return cfg
+
+
+def mlp_shapes(cfg: ModelConfig) -> list[tuple[int, ...]]:
+    """Shapes of a Llama-style block's MLP parameters in ``parameters()`` order (chapters: 1, 9).
+
+    Dense: gate, up, down. A mixture of experts (:mod:`memlab.model.moe`): the router, each
+    expert's gate, up and down, the shared expert's, and its gate.
+    """
+    C, F = cfg.d_model, cfg.ffn_dim
+    if cfg.moe is None:
+        return [(F, C), (F, C), (C, F)]
+    m = cfg.moe
+    swiglu = [(m.d_ff, C), (m.d_ff, C), (C, m.d_ff)]
+    shared = [(m.shared_d_ff, C), (m.shared_d_ff, C), (C, m.shared_d_ff)] if m.shared_d_ff else []
+    return [(m.experts, C), *swiglu * m.experts, *shared, *([(1, C)] if m.shared_gate else [])]
+
+
 def param_groups(cfg: ModelConfig) -> tuple[list[int], list[int], list[int]]:
     """Element counts of the parameter tensors: (embeddings, one block, head) (chapters: 1, 5).
 
@@ -373,7 +563,7 @@ def param_groups(cfg: ModelConfig) -> tuple[list[int], list[int], list[int]]:
     else:
         embed = [V * C]
         qkv = [C * C, C, C * kv, kv, C * kv, kv] if cfg.qkv_bias else [C * C, C * kv, C * kv]
-        block = [C, *qkv, C * C, C, C * F, C * F, F * C]
+        block = [C, *qkv, C * C, C, *(math.prod(s) for s in mlp_shapes(cfg))]
         head = [C]
     if not cfg.tied:
         head.append(V * C)

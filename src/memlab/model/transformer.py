@@ -27,6 +27,7 @@ from memlab.model.checkpoint import Checkpointing, parse_checkpointing
 from memlab.model.config import ModelConfig, get_config
 from memlab.model.flash import flash_attention
 from memlab.model.loss import chunked_lm_loss, lm_loss  # noqa: F401 - lm_loss's old home
+from memlab.model.moe import MoE
 from memlab.model.offload import ActivationOffload
 
 
@@ -187,7 +188,7 @@ class Block(nn.Module):
         self.norm1 = Norm(cfg.d_model)
         self.attn = Attention(cfg)
         self.norm2 = Norm(cfg.d_model)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg) if cfg.moe is None else MoE(cfg.d_model, cfg.moe)
 
     def forward(self, x, rope=None, cache=None, layer=0):
         x = x + self.attn(self.norm1(x), rope, cache, layer)
@@ -347,5 +348,20 @@ def model_loss(model: Transformer, idx, targets, loss_chunks: int = 1):
     (B, T, V) logits never exist whole.
     """
     if loss_chunks == 1:
-        return lm_loss(model(idx), targets)  # the logits die inside lm_loss, as in training
-    return model(idx, targets=targets, loss_chunks=loss_chunks)
+        loss = lm_loss(model(idx), targets)  # the logits die inside lm_loss, as in training
+    else:
+        loss = model(idx, targets=targets, loss_chunks=loss_chunks)
+    aux = moe_aux_loss(model)
+    return loss if aux is None else loss + aux
+
+
+def moe_aux_loss(model: Transformer):
+    """The experts' load-balancing loss of the last forward, weighted, or None (chapter: 9).
+
+    ``aux_loss_coef`` times the mean over the blocks of each block's Switch Transformer loss
+    (:class:`memlab.model.moe.MoE`), as transformers adds Mixtral's to the language-model loss.
+    """
+    layers = [b.mlp for b in getattr(model, "blocks", ()) if isinstance(b.mlp, MoE)]
+    if not layers or not layers[0].moe.aux_loss_coef or layers[0].aux_loss is None:
+        return None
+    return layers[0].moe.aux_loss_coef * torch.stack([m.aux_loss for m in layers]).mean()

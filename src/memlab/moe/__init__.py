@@ -1,0 +1,12 @@
+"""Part 9, mixture of experts (chapter 9): the memory of all the experts, the compute of the
+active ones, and expert parallelism run for real.
+
+The MoE block lives with the model that uses it (:mod:`memlab.model.moe`, a config's ``moe``);
+the pieces that measure live in this folder. Public names are re-exported here.
+
+Names are imported on first use (:mod:`memlab._lazy`).
+"""
+
+from memlab._lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(__name__, {})
