@@ -528,7 +528,7 @@ def config_from_hf(path: str | Path) -> ModelConfig:
 # Counting from the shape ---------------------------------------------------------------------
 def check_dense(cfg: ModelConfig, what: str) -> ModelConfig:
     """``cfg`` if its MLPs are dense; else a one-line error: ``what`` models dense MLPs only (chapter: 9)."""
-    if cfg.moe is not None:
+    if getattr(cfg, "moe", None) is not None:  # (the page's walk passes a stand-in config)
         raise MemlabError(f"{what} models dense MLPs; {cfg.name!r} is a mixture of experts "
                           f"({cfg.moe.experts} experts, top {cfg.moe.top_k}): trace its step "
                           f"(memlab trace) instead")
@@ -542,7 +542,7 @@ def mlp_shapes(cfg: ModelConfig) -> list[tuple[int, ...]]:
     expert's gate, up and down, the shared expert's, and its gate.
     """
     C, F = cfg.d_model, cfg.ffn_dim
-    if cfg.moe is None:
+    if getattr(cfg, "moe", None) is None:
         return [(F, C), (F, C), (C, F)]
     m = cfg.moe
     swiglu = [(m.d_ff, C), (m.d_ff, C), (C, m.d_ff)]
