@@ -419,8 +419,19 @@ def _hf_moe(raw: dict, mtype: str, source: str) -> MoEConfig | None:
                           f"{raw.get('decoder_sparse_step', 1)!r}, mlp_only_layers "
                           f"{raw.get('mlp_only_layers')!r}): the book's model has experts in "
                           f"every block; accepted: decoder_sparse_step 1 and no mlp_only_layers")
-    values = dict(HF_MOE_FIXED.get(mtype, {}))
-    for f in HF_MOE_FIELDS[mtype]:
+    values = dict(HF_MOE_FIXED.get(mtype, {})) | _hf_fields(raw, HF_MOE_FIELDS[mtype], source)[0]
+    if values.get("norm_topk_prob") is None:
+        values["norm_topk_prob"] = False
+    try:
+        return MoEConfig(**values)
+    except MemlabError as exc:
+        raise MemlabError(f"{source}: {exc}") from None
+
+
+def _hf_fields(raw: dict, fields, source: str) -> tuple[dict, dict]:
+    """Each field's value (checked, or its default) and the key it was read from."""
+    values, used = {}, {}
+    for f in fields:
         key = next((k for k in f.keys if k in raw), None)
         if key is None:
             if f.required:
@@ -429,12 +440,8 @@ def _hf_moe(raw: dict, mtype: str, source: str) -> MoEConfig | None:
             values[f.field] = f.default
         else:
             values[f.field] = _hf_value(source, key, raw[key], f.kind)
-    if values.get("norm_topk_prob") is None:
-        values["norm_topk_prob"] = False
-    try:
-        return MoEConfig(**values)
-    except MemlabError as exc:
-        raise MemlabError(f"{source}: {exc}") from None
+        used[f.field] = key or f.keys[0]
+    return values, used
 
 
 def _hf_value(source: str, key: str, value, kind: str):
@@ -475,17 +482,7 @@ def config_from_hf_dict(raw, source: str = "the config", name: str | None = None
                 raise MemlabError(f"{source} sets {flag} to {raw[flag]!r}: biases in attention "
                                   "or MLP, which the book's Llama-style model does not have; "
                                   "accepted: false or absent")
-    values, used = {}, {}
-    for f in HF_FIELDS[style]:
-        key = next((k for k in f.keys if k in raw), None)
-        if key is None:
-            if f.required:
-                raise MemlabError(f"{source} lacks the key {f.keys[0]!r}; accepted keys: "
-                                  f"{', '.join(f.keys)}")
-            values[f.field] = f.default
-        else:
-            values[f.field] = _hf_value(source, key, raw[key], f.kind)
-        used[f.field] = key or f.keys[0]
+    values, used = _hf_fields(raw, HF_FIELDS[style], source)
     C, nh, nkv = values["d_model"], values["n_head"], values.get("n_kv_head")
     if C % nh:
         raise MemlabError(f"{source}: {used['d_model']} ({C}) must be divisible by "
