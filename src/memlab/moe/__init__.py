@@ -9,4 +9,23 @@ Names are imported on first use (:mod:`memlab._lazy`).
 
 from memlab._lazy import lazy_exports
 
-__getattr__, __dir__ = lazy_exports(__name__, {})
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "memlab.moe.ep_run": (
+        "ExpertParallelBytes",
+        "ExpertParallelRun",
+        "all_to_all_bytes",
+        "expert_parallel_bytes",
+        "expert_parallel_run",
+        "one_process",
+        "received_rows",
+        "run_tolerance",
+        "skewed_choice",
+    ),
+    "memlab.moe.expert_parallel": (
+        "AllToAll",
+        "ExpertParallelMoE",
+        "check_expert_parallel",
+        "reduce_gradients",
+        "shard_experts",
+    ),
+})
