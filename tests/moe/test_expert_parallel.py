@@ -125,5 +125,41 @@ def test_the_run_matches_one_process_and_the_formulas(world):
             assert m["rows_received"] == case["rows_formula"]
             assert m["expert_saved_bytes"] == case["saved_formula"]
             assert m["buffer_bytes"] == case["buffer_formula"]
+            assert sum(m["sent"].values()) == case["sent_formula"]
     hot = [c["measured"]["rows_received"] for c in run.ranks[0]["imbalance"]]
     assert hot == sorted(hot) and hot[-1] > hot[0]  # a larger share, more rows on rank 0
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_a_traced_rank_holds_what_the_formula_says(ranks):
+    from memlab.moe.ep_run import trace_expert_parallel
+
+    traced = trace_expert_parallel("tiny-moe", ranks, seq_len=32)
+    f = expert_parallel_bytes("tiny-moe", ranks, tokens=32)
+    assert (traced.parameters_bytes, traced.gradients_bytes, traced.optimizer_states_bytes) == (
+        f.parameters_bytes, f.gradients_bytes, f.optimizer_states_bytes)
+
+
+@pytest.mark.slow
+def test_mixtral_over_eight_ranks_traced_against_the_formula():
+    from memlab.moe.ep_run import trace_expert_parallel
+
+    traced = trace_expert_parallel("mixtral-8x7b", 8, seq_len=256, precision="bf16-mixed")
+    f = expert_parallel_bytes("mixtral-8x7b", 8, tokens=256)
+    assert traced.parameters_bytes == f.parameters_bytes  # 1 expert per block + the rest
+    assert traced.optimizer_states_bytes == f.optimizer_states_bytes
+
+
+def test_the_full_size_table_and_the_payload():
+    from memlab.moe.ep_run import DEEPSEEK_V3_LIKE, expert_parallel_table
+
+    rows = expert_parallel_table()
+    ds = [r for r in rows if r["model"] == DEEPSEEK_V3_LIKE.name]
+    assert [r["ranks"] for r in ds] == [8, 16, 32, 64]
+    states = [r["model_states_bytes"] for r in ds]
+    assert states == sorted(states, reverse=True)  # more ranks, fewer experts each
+    # balanced: every rank receives N·k rows whatever N; the payload grows as (N - 1) / N
+    assert len({r["rows_received"] for r in ds}) == 1
+    sent = [r["all_to_all_sent_bytes"] for r in ds]
+    nk = 4096 * 8 * DEEPSEEK_V3_LIKE.d_model * 4 * DEEPSEEK_V3_LIKE.n_layer
+    assert sent == [4 * nk * (n - 1) // n for n in (8, 16, 32, 64)]

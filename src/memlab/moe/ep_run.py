@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from memlab.errors import MemlabError, check_positive_int
-from memlab.model.config import ModelConfig, get_config
+from memlab.model.config import ModelConfig, MoEConfig, get_config
 from memlab.moe.expert_parallel import STAT_KEYS, check_expert_parallel
 
 LR = 1e-2
@@ -62,6 +62,7 @@ class ExpertParallelBytes:
     optimizer_states_bytes: int
     rows_received: int  # per block
     all_to_all_buffer_bytes: int  # per block: send (N·k rows) + receive (R rows)
+    all_to_all_sent_bytes: int  # per step, all blocks, forward and backward, to other ranks
     expert_activation_bytes: int  # all blocks: R·(C + 4F) saved by the SwiGLU experts
 
     @property
@@ -92,13 +93,18 @@ def received_rows(tokens: int, top_k: int, ranks: int, share: float | None = Non
 
 
 def expert_parallel_bytes(model, ranks: int, *, tokens: int, param_bytes: int = 4,
-                          compute_bytes: int = 4, dense_zero_stage: int = 0,
-                          share: float | None = None, hot: bool = True) -> ExpertParallelBytes:
+                          compute_bytes: int = 4, row_bytes: int | None = None,
+                          dense_zero_stage: int = 0, share: float | None = None,
+                          hot: bool = True) -> ExpertParallelBytes:
     """One rank's bytes: E/N experts, the replicated rest, the all-to-all buffers (chapter: 9).
 
     ``tokens``: this rank's tokens per step (its micro-batch, B·T). ``param_bytes``: 4 for
-    fp32 and mixed precision's master weights, 2 for bf16; ``compute_bytes`` the rows'
-    width. ``share``: the hot rank's share of the rows (:func:`received_rows`).
+    fp32 and mixed precision's master weights, 2 for bf16; ``compute_bytes`` the width of the
+    experts' saved values; ``row_bytes`` that of the rows sent (the residual stream's dtype:
+    fp32 under autocast in this book's model; None: ``compute_bytes``). ``share``: the hot
+    rank's share of the rows (:func:`received_rows`). The payload: per block, a rank sends
+    its N·k·(1 - s) remote rows and returns the (N - 1)·N·k·s rows others sent it, and the
+    backward pass sends as many gradient rows the other way.
     """
     cfg = _config(model)
     m = cfg.moe
@@ -114,6 +120,9 @@ def expert_parallel_bytes(model, ranks: int, *, tokens: int, param_bytes: int = 
         return rep / ranks if z >= stage else rep
 
     R = received_rows(tokens, m.top_k, ranks, share, hot)
+    rb = compute_bytes if row_bytes is None else row_bytes
+    nk = tokens * m.top_k
+    own = R // ranks  # the rows this rank routes to its own experts
     return ExpertParallelBytes(
         ranks=ranks, experts_per_rank=L, replicated_parameters=rep, expert_parameters=mine,
         parameters_bytes=round(param_bytes * (part(3) + mine)),
@@ -121,7 +130,8 @@ def expert_parallel_bytes(model, ranks: int, *, tokens: int, param_bytes: int = 
         optimizer_states_bytes=round(2 * param_bytes * (part(1) + mine))
         + ADAM_STEP_BYTES * (rep_tensors + layers * L * 3),
         rows_received=R,
-        all_to_all_buffer_bytes=(tokens * m.top_k + R) * C * compute_bytes,
+        all_to_all_buffer_bytes=(nk + R) * C * rb,
+        all_to_all_sent_bytes=2 * layers * ((nk - own) + (R - own)) * C * rb,
         expert_activation_bytes=layers * R * (C + 4 * F) * compute_bytes)
 
 
@@ -388,7 +398,8 @@ def expert_parallel_run(world: int = 2, *, model: str = "tiny-moe", steps: int =
                                       hot=r == 0)
             imb.append(dict(measured=case, rows_formula=f.rows_received,
                             saved_formula=f.rows_received * (C + 4 * F) * 4,
-                            buffer_formula=f.all_to_all_buffer_bytes))
+                            buffer_formula=f.all_to_all_buffer_bytes,
+                            sent_formula=f.all_to_all_sent_bytes // cfg.n_layer))
         rows.append(dict(
             rank=r, state_bytes=a["train"]["state_bytes"],
             formula=dict(parameters=formula.parameters_bytes, gradients=formula.gradients_bytes,
@@ -404,3 +415,76 @@ def expert_parallel_run(world: int = 2, *, model: str = "tiny-moe", steps: int =
                              weight_outlier_share=agree.weight_outlier_share,
                              tolerance=run_tolerance(batch_size * seq_len, cfg.d_model, steps),
                              ranks=tuple(rows))
+
+
+def _shard_for_trace(model) -> None:
+    from memlab.moe.expert_parallel import shard_experts
+
+    shard_experts(model)
+
+
+_shard_for_trace.name = "expert parallelism"
+
+
+def trace_expert_parallel(model, ranks: int, *, batch_size: int = 1, seq_len: int = 1024,
+                          **switches):
+    """One rank's training step with E/N experts, traced over a fake process group (chapter: 9).
+
+    Rank 0 of a fake process group of ``ranks`` (its collectives return at once) runs :func:`memlab.measure.trace_step` on fake tensors, every
+    block's MoE replaced by :class:`memlab.moe.expert_parallel.ExpertParallelMoE`, routing
+    balanced. ``switches``: what :class:`StepSpec` takes (precision, optimizer, ...).
+    """
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from memlab.measure.step import trace_step
+    from memlab.model.step import StepSpec
+
+    cfg = _config(model)
+    check_expert_parallel(cfg.moe.experts, ranks)
+    if dist.is_initialized():
+        raise MemlabError("a process group is already initialized: trace expert parallelism "
+                          "in a process without one")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ranks)
+    try:  # W fake ranks, this one rank 0: collectives return at once, tensors keep their shapes
+        return trace_step(StepSpec(cfg, batch_size=batch_size, seq_len=seq_len,
+                                   prepare=_shard_for_trace, **switches))
+    finally:
+        dist.destroy_process_group()
+
+
+# DeepSeek-V3's mixture of experts (DeepSeek-AI 2024, arXiv 2412.19437: 256 routed experts of
+# width 2048, 8 per token, one shared expert, d_model 7168, 61 layers, 129280 tokens) on the
+# book's attention: its multi-head latent attention (MLA) is not representable here, so 128
+# plain heads stand in for it (4·C² per layer against MLA's ~3.1·C²); every block has experts
+# (V3's first three are dense), and the router is a softmax (V3 scores with a sigmoid).
+DEEPSEEK_V3_LIKE = ModelConfig(
+    name="deepseek-v3-like", vocab_size=129280, n_layer=61, n_head=128, d_model=7168,
+    d_ff=18432, max_seq_len=4096,
+    moe=MoEConfig(experts=256, top_k=8, d_ff=2048, shared_d_ff=2048, norm_topk_prob=True,
+                  aux_loss_coef=0.0001))
+FULL_SIZE = {"mixtral-8x7b": (8,), "deepseek-v3-like": (8, 16, 32, 64)}
+
+
+def expert_parallel_table(models=("mixtral-8x7b", "deepseek-v3-like"), *, tokens: int = 4096,
+                          precision: str = "bf16-mixed", dense_zero_stage: int = 0,
+                          ranks: dict | None = None) -> list[dict]:
+    """One rank's bytes at full size over 8-64 ranks, by formula (chapter: 9).
+
+    Mixtral's 8 experts split at most 8 ways (more GPUs replicate the 8-way layout,
+    data-parallel); the DeepSeek-V3-like model's 256 split 8 to 64 ways. Mixed precision: fp32
+    master weights, gradients and moments, experts' saved values of 2 bytes, rows sent in fp32
+    (the book's residual stream; a model kept in bf16 sends half). ``ranks``: model -> degrees.
+    """
+    from memlab.memory.activations import COMPUTE_BYTES, PARAM_BYTES
+
+    rows = []
+    for name in models:
+        cfg = DEEPSEEK_V3_LIKE if name == DEEPSEEK_V3_LIKE.name else get_config(name)
+        for n in (ranks or FULL_SIZE)[name]:
+            b = expert_parallel_bytes(cfg, n, tokens=tokens, param_bytes=PARAM_BYTES[precision],
+                                      compute_bytes=COMPUTE_BYTES[precision],
+                                      row_bytes=PARAM_BYTES[precision],
+                                      dense_zero_stage=dense_zero_stage)
+            rows.append(dict(model=name, precision=precision, tokens=tokens, **b.as_dict()))
+    return rows
