@@ -163,3 +163,15 @@ def test_the_full_size_table_and_the_payload():
     sent = [r["all_to_all_sent_bytes"] for r in ds]
     nk = 4096 * 8 * DEEPSEEK_V3_LIKE.d_model * 4 * DEEPSEEK_V3_LIKE.n_layer
     assert sent == [4 * nk * (n - 1) // n for n in (8, 16, 32, 64)]
+
+
+def test_an_imbalanced_router_grows_the_hot_ranks_saved_bytes_as_the_formula_says():
+    from memlab.moe.ep_run import trace_expert_parallel
+
+    base = trace_expert_parallel("tiny-moe", 2, seq_len=32)
+    hot = trace_expert_parallel("tiny-moe", 2, seq_len=32, share=0.75)
+    f0, f1 = (expert_parallel_bytes("tiny-moe", 2, tokens=32, share=s) for s in (None, 0.75))
+    assert f1.rows_received == 3 * f0.rows_received // 2  # 2 ranks · 75% against 2 · 50%
+    grown = (f1.expert_activation_bytes + f1.regroup_index_bytes
+             - f0.expert_activation_bytes - f0.regroup_index_bytes)
+    assert hot.saved_activations_bytes - base.saved_activations_bytes == grown

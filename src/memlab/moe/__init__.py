@@ -18,6 +18,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "expert_parallel_bytes",
         "expert_parallel_run",
         "expert_parallel_table",
+        "hot_shares",
         "one_process",
         "received_rows",
         "run_tolerance",

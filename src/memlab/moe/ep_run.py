@@ -64,6 +64,7 @@ class ExpertParallelBytes:
     all_to_all_buffer_bytes: int  # per block: send (N·k rows) + receive (R rows)
     all_to_all_sent_bytes: int  # per step, all blocks, forward and backward, to other ranks
     expert_activation_bytes: int  # all blocks: R·(C + 4F) saved by the SwiGLU experts
+    regroup_index_bytes: int  # all blocks: the (R,) int64 regrouping and its inverse, saved
 
     @property
     def model_states_bytes(self) -> int:
@@ -132,7 +133,8 @@ def expert_parallel_bytes(model, ranks: int, *, tokens: int, param_bytes: int = 
         rows_received=R,
         all_to_all_buffer_bytes=(nk + R) * C * rb,
         all_to_all_sent_bytes=2 * layers * ((nk - own) + (R - own)) * C * rb,
-        expert_activation_bytes=layers * R * (C + 4 * F) * compute_bytes)
+        expert_activation_bytes=layers * R * (C + 4 * F) * compute_bytes,
+        regroup_index_bytes=layers * 2 * 8 * R)
 
 
 def all_to_all_bytes(counts, d_model: int, dtype_bytes: int = 4, *, rank: int) -> dict[str, int]:
@@ -417,22 +419,40 @@ def expert_parallel_run(world: int = 2, *, model: str = "tiny-moe", steps: int =
                              ranks=tuple(rows))
 
 
-def _shard_for_trace(model) -> None:
-    from memlab.moe.expert_parallel import shard_experts
+class _ShardForTrace:
+    """The prepare hook of a traced step: experts sharded, routing fixed to ``shares``."""
 
-    shard_experts(model)
+    name = "expert parallelism"
+
+    def __init__(self, shares=None):
+        self.shares = shares
+
+    def __call__(self, model) -> None:
+        from memlab.model.moe import Routing
+        from memlab.moe.expert_parallel import shard_experts
+
+        for layer in shard_experts(model):
+            if self.shares is not None:
+                layer.routing = Routing(self.shares)
 
 
-_shard_for_trace.name = "expert parallelism"
+def hot_shares(experts: int, ranks: int, share: float) -> list[float]:
+    """Per-expert shares that send ``share`` of the rows to rank 0's experts (chapter: 9)."""
+    L = check_expert_parallel(experts, ranks)
+    if not 0 <= share <= 1:
+        raise MemlabError(f"share must be from 0 to 1, got {share!r}")
+    rest = (1 - share) / (experts - L) if experts > L else 0.0
+    return [share / L] * L + [rest] * (experts - L)
 
 
 def trace_expert_parallel(model, ranks: int, *, batch_size: int = 1, seq_len: int = 1024,
-                          **switches):
+                          share: float | None = None, **switches):
     """One rank's training step with E/N experts, traced over a fake process group (chapter: 9).
 
     Rank 0 of a fake process group of ``ranks`` (its collectives return at once) runs :func:`memlab.measure.trace_step` on fake tensors, every
     block's MoE replaced by :class:`memlab.moe.expert_parallel.ExpertParallelMoE`, routing
-    balanced. ``switches``: what :class:`StepSpec` takes (precision, optimizer, ...).
+    balanced, or with a share ``share`` of every rank's rows sent to this rank's experts
+    (:func:`hot_shares`). ``switches``: what :class:`StepSpec` takes (precision, optimizer, ...).
     """
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -448,7 +468,8 @@ def trace_expert_parallel(model, ranks: int, *, batch_size: int = 1, seq_len: in
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ranks)
     try:  # W fake ranks, this one rank 0: collectives return at once, tensors keep their shapes
         return trace_step(StepSpec(cfg, batch_size=batch_size, seq_len=seq_len,
-                                   prepare=_shard_for_trace, **switches))
+                                   prepare=_ShardForTrace(None if share is None else hot_shares(
+                                       cfg.moe.experts, ranks, share)), **switches))
     finally:
         dist.destroy_process_group()
 
