@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import pytest
 
-import memlab.model.moe as moe_module
 from memlab.compute.flops import (
     active_flops,
     counted_flops,
@@ -17,22 +16,9 @@ from memlab.compute.flops import (
     step_flops,
 )
 from memlab.errors import MemlabError
-from memlab.model.config import ModelConfig, MoEConfig, get_config
-from memlab.model.moe import Routing
+from memlab.model.config import MoEConfig, get_config
+from memlab.model.moe import Routing, trace_routing
 from memlab.model.step import StepSpec
-
-
-def _random_moe(seed: int) -> ModelConfig:
-    rng = random.Random(seed)
-    E = rng.randrange(1, 9)
-    shared = rng.choice([0, 16, 40])
-    moe = MoEConfig(experts=E, top_k=rng.randrange(1, E + 1), d_ff=rng.choice([8, 24, 32]),
-                    shared_d_ff=shared, shared_gate=bool(shared) and rng.random() < 0.5,
-                    norm_topk_prob=rng.random() < 0.5,
-                    capacity_factor=rng.choice([None, None, 0.5, 1.0, 1.25]))
-    return ModelConfig(name=f"moe{seed}", style="llama", n_layer=rng.randrange(1, 3), n_head=4,
-                       n_kv_head=rng.choice([1, 2, 4]), d_model=32, d_ff=64,
-                       vocab_size=rng.randrange(50, 200), max_seq_len=64, moe=moe)
 
 
 def _skewed(E: int, seed: int) -> Routing:
@@ -42,13 +28,13 @@ def _skewed(E: int, seed: int) -> Routing:
 
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("plan", ["none", "full"])
-def test_step_flops_is_the_counters_count_for_moe(seed, plan, monkeypatch):
-    cfg = _random_moe(seed)
+def test_step_flops_is_the_counters_count_for_moe(seed, plan, random_moe):
+    cfg = random_moe(random.Random(seed), seed)
     spec = StepSpec(cfg, batch_size=1 + seed % 2, seq_len=8 + seed, checkpointing=plan)
     routing = _skewed(cfg.moe.experts, seed) if seed % 2 else None
-    if routing is not None:  # the trace routes with the same split as the count
-        monkeypatch.setattr(moe_module.Routing, "balanced", classmethod(lambda cls, E: routing))
-    f, c = step_flops(spec, routing=routing), counted_flops(spec)
+    with trace_routing(routing or Routing.balanced(cfg.moe.experts)):  # the count's split
+        c = counted_flops(spec)
+    f = step_flops(spec, routing=routing)
     assert (f.forward, f.total) == (c["forward"], c["total"])
 
 
