@@ -10,6 +10,7 @@ Names are imported on first use (:mod:`memlab._lazy`).
 from memlab._lazy import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(__name__, {
+    "memlab.moe.estimate": ("estimate_moe",),
     "memlab.moe.saved": ("moe_mlp_tensors", "moe_saved_tensors", "moe_weight_numel"),
     "memlab.moe.where": ("RoutingBytes", "routing_bytes", "skewed_routing"),
 })

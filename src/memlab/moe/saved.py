@@ -44,7 +44,7 @@ def moe_mlp_tensors(cfg: ModelConfig, B: int, T: int, precision: str,
     cdt, hdt = _dt(cb), _dt(hb)
 
     def t(name, shape, dtype, nbytes):
-        return SavedTensor(name, "layer", shape, dtype, nbytes)
+        return SavedTensor(f"MLP (experts) {name}", "layer", shape, dtype, nbytes)
 
     out = [t("router probabilities (fp32 softmax)", "(N, E)", "fp32", N * E * 4),
            t("top-k expert ids", "(N, k)", "int64", N * k * 8)]
