@@ -1,9 +1,9 @@
 """Where an MoE step's bytes go when the router is balanced and when it is not (chapter: 9).
 
 A skewed router sends more of a block's N·k rows to one expert. Dropless (no capacity factor)
-the experts keep N·k rows in all whatever the split, so the saved bytes do not move; what moves
-is the busiest expert's working set (its SwiGLU's (rows_e, F) tensors and their gradients),
-so the step's peak grows with its share. With a capacity factor (GShard, Lepikhin et al. 2020;
+the experts keep N·k rows in all whatever the split, so the saved bytes do not move; only the
+busiest expert's working set (its SwiGLU's (rows_e, F) tensors and their gradients) grows with
+its share, which moves the step's peak only where that working set is what sets it. With a capacity factor (GShard, Lepikhin et al. 2020;
 Switch Transformer, Fedus et al. 2021) the rows past an expert's capacity are dropped, and the
 saved bytes fall as the skew grows: R = sum_e min(rows_e, capacity).
 """
