@@ -32,4 +32,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "reduce_gradients",
         "shard_experts",
     ),
+    "memlab.moe.estimate": ("estimate_moe",),
+    "memlab.moe.saved": ("moe_mlp_tensors", "moe_saved_tensors", "moe_weight_numel"),
+    "memlab.moe.where": ("RoutingBytes", "routing_bytes", "skewed_routing"),
 })
