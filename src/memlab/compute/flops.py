@@ -24,11 +24,12 @@ forward again, the textbook "one extra forward".
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from memlab.errors import MemlabError, check_positive_int
 from memlab.model.checkpoint import parse_checkpointing
-from memlab.model.config import ModelConfig, check_dense, get_config
+from memlab.model.config import ModelConfig, get_config
+from memlab.model.moe import Routing
 from memlab.model.step import StepSpec
 
 # Backward FLOPs over forward FLOPs of one attention core, as torch's formulas count them: a
@@ -98,13 +99,47 @@ def matmul_parameters(cfg: ModelConfig | str) -> int:
     """Parameters a token multiplies: every Linear weight of the blocks and the head (chapter: 7).
 
     Leaves out the embedding lookups (no multiply), the norms and the biases, which
-    FlopCounterMode does not count; a tied head counts once, as a multiply.
+    FlopCounterMode does not count; a tied head counts once, as a multiply. An MoE block counts
+    what a token multiplies: the router, its k experts, the shared expert and its gate.
     """
-    cfg = check_dense(get_config(cfg) if isinstance(cfg, str) else cfg, "the FLOP count")
+    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
     C, hs, F = cfg.d_model, cfg.head_dim, cfg.ffn_dim
     attn = C * cfg.n_head * hs + 2 * C * cfg.kv_heads * hs + cfg.n_head * hs * C
-    mlp = (2 if cfg.style == "gpt2" else 3) * C * F
+    if cfg.moe is not None:
+        mlp = cfg.moe.active_block_parameters(C)
+    else:
+        mlp = (2 if cfg.style == "gpt2" else 3) * C * F
     return cfg.n_layer * (attn + mlp) + C * cfg.vocab_size
+
+
+def moe_rows(cfg: ModelConfig, tokens: int, routing: Routing | None = None) -> list[int]:
+    """Rows each expert computes for ``tokens`` tokens: the routing's split, capped (chapter: 9).
+
+    ``routing`` (default balanced, as a trace routes) splits the N·k (token, slot) rows; a
+    capacity factor caps each expert at ceil(c · N · k / E) rows (GShard; Switch Transformer).
+    """
+    m = cfg.moe
+    if m is None:
+        raise MemlabError(f"moe_rows needs an MoE config, got {cfg.name!r} (dense)")
+    routing = Routing.balanced(m.experts) if routing is None else routing
+    if not isinstance(routing, Routing) or len(routing.shares) != m.experts:
+        raise MemlabError(f"routing must be a Routing with {m.experts} shares (one per expert), "
+                          f"got {routing!r}")
+    cap = m.capacity(tokens)
+    return [c if cap is None else min(c, cap) for c in routing.counts(tokens * m.top_k)]
+
+
+def moe_mlp_flops(cfg: ModelConfig, tokens: int, routing: Routing | None = None) -> int:
+    """Forward FLOPs of one block's MoE MLP: router, the rows each expert runs, shared (chapter: 9).
+
+    2 N C E for the router's logits, 6 C F per row an expert computes (its three SwiGLU
+    matmuls), 6 N C F_s for the shared expert and 2 N C for its gate (Shazeer et al. 2017;
+    Mixtral, Jiang et al. 2024; DeepSeekMoE, Dai et al. 2024). Dropped rows cost nothing.
+    """
+    m, C, N = cfg.moe, cfg.d_model, tokens
+    rows = sum(moe_rows(cfg, tokens, routing))
+    return (2 * N * C * m.experts + 6 * rows * C * m.d_ff + 6 * N * C * m.shared_d_ff
+            + (2 * N * C if m.shared_gate else 0))
 
 
 def _check_attention(cfg: ModelConfig) -> None:
@@ -115,14 +150,16 @@ def _check_attention(cfg: ModelConfig) -> None:
 
 
 def step_flops(config_or_spec: StepSpec | ModelConfig | str, *, early_stop: bool = True,
-               **switches) -> StepFlops:
+               routing: Routing | None = None, **switches) -> StepFlops:
     """FLOPs of a training step as PyTorch's counter counts them, from the shapes (chapter: 7).
 
     Takes what :func:`memlab.measure.step.trace_step` takes (a StepSpec, or a config and
     ``batch_size``, ``seq_len``, ``checkpointing``, ``grad_accum_steps``, ``attention`` ...).
+    An MoE model's blocks count the rows each expert runs under ``routing`` (default balanced,
+    as a trace routes; :func:`moe_mlp_flops`), chapter 9.
     """
     spec = StepSpec.of(config_or_spec, **switches)
-    cfg = check_dense(spec.config, "the FLOP count")
+    cfg = spec.config
     _check_attention(cfg)
     if not isinstance(early_stop, bool):
         raise MemlabError(f"early_stop must be True or False, got {early_stop!r}")
@@ -130,13 +167,21 @@ def step_flops(config_or_spec: StepSpec | ModelConfig | str, *, early_stop: bool
     B, T, L, C, F = spec.batch_size, spec.seq_len, cfg.n_layer, cfg.d_model, cfg.ffn_dim
     BT = B * T
     head = 2 * BT * C * cfg.vocab_size
-    block_linear = 2 * BT * (matmul_parameters(cfg) - C * cfg.vocab_size) // L
+    if cfg.moe is None:
+        block_linear = 2 * BT * (matmul_parameters(cfg) - C * cfg.vocab_size) // L
+    else:
+        attn = 2 * BT * (matmul_parameters(cfg) - C * cfg.vocab_size) // L \
+            - 2 * BT * cfg.moe.active_block_parameters(C)
+        block_linear = attn + moe_mlp_flops(cfg, BT, routing)
     scores = 2 * B * cfg.n_head * T * T * cfg.head_dim  # q @ k^T; att @ v is the same
     attention = 2 * scores
     forward = L * (block_linear + attention) + head
     backward = L * (2 * block_linear + ATTENTION_BACKWARD[cfg.attention] * attention) + 2 * head
     # Forward work done again in the backward pass.
     last_linear = 2 * BT * F * C  # down_proj: never run again when the recomputation stops early
+    if cfg.moe is not None:  # an MoE block ends with its combine (saves its input) or shared expert
+        m = cfg.moe
+        last_linear = 2 * BT * m.shared_d_ff * C if m.shared_d_ff and not m.shared_gate else 0
     recompute = 0
     if plan.recomputes_blocks:
         units = [u for u in plan.units(L) if u[2]]
@@ -205,3 +250,43 @@ def counted_flops(config_or_spec: StepSpec | ModelConfig | str, *, early_stop: b
     with set_checkpoint_early_stop(early_stop) if not early_stop else contextlib.nullcontext():
         traced = trace_step(spec, count_flops=True)
     return dict(traced.flops_by_phase) | {"total": traced.flops}
+
+
+@dataclass(frozen=True)
+class ActiveFlops:
+    """An MoE model's memory of all parameters beside the compute of the active ones (chapter: 9)."""
+
+    parameters: int  # every parameter: what the weights, gradients and optimizer states hold
+    active_parameters: int  # the parameters one token passes through
+    per_token: int  # training FLOPs per token, balanced routing (step_flops)
+    all_experts_per_token: int  # the same step with every token sent to every expert
+    six_n_active: int  # 6 x the matmul parameters a token multiplies (Kaplan et al. 2020)
+
+    @property
+    def compute_share(self) -> float:
+        """FLOPs per token over those of the all-experts step: what sparsity saves (chapter: 9)."""
+        return self.per_token / self.all_experts_per_token
+
+    def as_dict(self) -> dict:
+        """The fields and the share as a plain dict (chapter: 9)."""
+        return asdict(self) | {"compute_share": self.compute_share}
+
+
+def active_flops(cfg: ModelConfig | str, seq_len: int) -> ActiveFlops:
+    """Parameters held against FLOPs run per token, for an MoE model's training step (chapter: 9).
+
+    Memory follows every parameter, compute the active ones (Shazeer et al. 2017; Mixtral,
+    Jiang et al. 2024): the step's FLOPs per token of one ``seq_len`` sequence beside those
+    of the same model with each token sent to all its experts, a dense model of its full size.
+    """
+    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+    if cfg.moe is None:
+        raise MemlabError(f"active_flops needs an MoE config, got {cfg.name!r} (dense)")
+    check_positive_int("seq_len", seq_len)
+    every = replace(cfg, moe=replace(cfg.moe, top_k=cfg.moe.experts, capacity_factor=None))
+    per_token = step_flops(cfg, batch_size=1, seq_len=seq_len).total // seq_len
+    return ActiveFlops(parameters=cfg.num_parameters(), active_parameters=cfg.active_parameters(),
+                       per_token=per_token,
+                       all_experts_per_token=step_flops(every, batch_size=1,
+                                                        seq_len=seq_len).total // seq_len,
+                       six_n_active=6 * matmul_parameters(cfg))

@@ -30,6 +30,7 @@ a run with that routing allocates; a trace with none set routes evenly.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -69,6 +70,21 @@ class Routing:
         for i in order[: rows - sum(counts)]:
             counts[i] += 1
         return counts
+
+
+_TRACE_ROUTING: list[Routing] = []  # the routing of traces run inside trace_routing(...)
+
+
+@contextlib.contextmanager
+def trace_routing(routing: Routing):
+    """Traces inside route every MoE block with ``routing`` instead of evenly (chapter: 9)."""
+    if not isinstance(routing, Routing):
+        raise MemlabError(f"trace_routing takes a Routing, got {routing!r}")
+    _TRACE_ROUTING.append(routing)
+    try:
+        yield routing
+    finally:
+        _TRACE_ROUTING.pop()
 
 
 class SwiGLU(nn.Module):
@@ -116,7 +132,7 @@ class MoE(nn.Module):
         self.aux_loss = E * (routed / (N * k) * probs.mean(dim=0)).sum()
         routing = self.routing
         if routing is None and isinstance(h, FakeTensor):  # a trace has no values to route by
-            routing = Routing.balanced(E)
+            routing = _TRACE_ROUTING[-1] if _TRACE_ROUTING else Routing.balanced(E)
         counts = routing.counts(N * k) if routing is not None else \
             [int(c) for c in routed.tolist()]
         self.rows = counts

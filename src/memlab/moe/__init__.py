@@ -9,4 +9,30 @@ Names are imported on first use (:mod:`memlab._lazy`).
 
 from memlab._lazy import lazy_exports
 
-__getattr__, __dir__ = lazy_exports(__name__, {})
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "memlab.moe.ep_run": (
+        "DEEPSEEK_V3_LIKE",
+        "ExpertParallelBytes",
+        "ExpertParallelRun",
+        "all_to_all_bytes",
+        "expert_parallel_bytes",
+        "expert_parallel_run",
+        "expert_parallel_table",
+        "hot_shares",
+        "one_process",
+        "received_rows",
+        "run_tolerance",
+        "skewed_choice",
+        "trace_expert_parallel",
+    ),
+    "memlab.moe.expert_parallel": (
+        "AllToAll",
+        "ExpertParallelMoE",
+        "check_expert_parallel",
+        "reduce_gradients",
+        "shard_experts",
+    ),
+    "memlab.moe.estimate": ("estimate_moe",),
+    "memlab.moe.saved": ("moe_mlp_tensors", "moe_saved_tensors", "moe_weight_numel"),
+    "memlab.moe.where": ("RoutingBytes", "routing_bytes", "skewed_routing"),
+})
