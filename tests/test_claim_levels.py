@@ -317,6 +317,12 @@ CASES = {
     "C47": {HOLDS: lambda ev: _c47_larger(ev, False, "logits"),
             CAVEAT: lambda ev: ev,
             WRONG: lambda ev: _c47_larger(ev, True, "blocks")},
+    "C49": {HOLDS: lambda ev: {**ev, "parameters": int(ev["stated"])}, WRONG: lambda ev: ev},
+    "C50": {HOLDS: lambda ev: ev,
+            WRONG: lambda ev: {**ev, "flops": 3 * ev["dense_flops"]}},
+    "C51": {HOLDS: lambda ev: {**ev, "traced_states_bytes": ev["whole_states_bytes"] // ev["ranks"],
+                               "formula_states_bytes": ev["whole_states_bytes"] // ev["ranks"]},
+            WRONG: lambda ev: ev},
 }
 # C28-C34 and C38 launch processes (torchrun, about 30 s); their evidence is shared
 TRAINING = {"C14", "C16", "C17", "C18", "C19", "C22", "C24", "C25", "C28", "C29", "C30", "C31",

@@ -22,7 +22,7 @@ def test_registry_names_chapters_and_sizes():
                                       "allocator", "estimator-cuda", "tf32", "optimizer-8bit",
                                       "generation-memory", "step-times", "chunked-loss",
                                       "activation-offload", "memory-budget", "ring-attention",
-                                      "optimizer-states"}
+                                      "optimizer-states", "moe-step", "expert-parallel"}
     for exp in ex.experiments().values():
         assert set(exp.sizes) == {"ci", "full"}
         assert exp.chapter.startswith("chapters/")

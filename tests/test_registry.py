@@ -24,13 +24,13 @@ CHEAP = ("step-memory", "trace-7b", "load-memory", "fp8-matmul", "quant-speed",
          "attention-flops", "attention-time", "finetune-fit", "finetune-context",
          "finetune-flops", "finetune-20b", "accumulation", "offload", "step-mfu",
          "allocator", "estimator-cuda", "tf32", "optimizer-8bit", "generation-memory",
-         "step-times", "chunked-loss", "activation-offload", "memory-budget")
+         "step-times", "chunked-loss", "activation-offload", "memory-budget", "moe-step")
 # Minutes or tens of seconds: run end to end too, but marked slow.
 COSTLY = ("estimator-accuracy", "mixed-precision", "quantization", "attention-memory",
           "attention-step", "gqa", "fusion-block", "finetune-compare", "finetune-lr",
           "finetune-reference", "distributed-memory", "distributed-parallel",
           "distributed-traced", "distributed-accelerate", "checkpointing-costs", "scaling-grid",
-          "ring-attention", "optimizer-states")
+          "ring-attention", "optimizer-states", "expert-parallel")
 # Needs a package outside the book's requirements: run only where it is installed.
 OPTIONAL = {"distributed-deepspeed": "deepspeed"}
 

@@ -22,16 +22,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from memlab.errors import MemlabError, check_choice
+from memlab.labs.cases import check_cases
 from memlab.labs.grader import (
     answer_number,
-    answers_on_cases,
-    best_slip,
-    close_to,
     define_lab,
     fit_problem,
     merged_slips,
-    off_by,
-    two_numbers,
 )
 from memlab.longcontext.context_parallel import fake_ring, ring_rank_bytes
 from memlab.longcontext.optimizers import measured_state_bytes
@@ -112,39 +108,11 @@ def _show(value) -> str:
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else repr(value)
 
 
-def _same_pair(a, b) -> bool:
-    return a is not None and all(close_to(x, y, 1e-12) for x, y in zip(a, b, strict=True))
-
-
-def _same_number(a, b) -> bool:
-    return close_to(a, b, 1e-12)
-
-
 def _check_cases(answer, name: str, cases: Sequence[str], args_of: Callable, expected_of: Callable,
                  slips: Callable, *, pair: bool, counted: Sequence[str], counted_word: str):
     """Check a learner's function on every case, exactly: True, or (False, what is wrong)."""
-    if not callable(answer):
-        return False, f"answer the function {name} itself, got {type(answer).__name__}"
-    results, verdict = answers_on_cases(answer, cases, args_of, name, show=_show)
-    if verdict is not ...:
-        return verdict
-    read, same = (two_numbers, _same_pair) if pair else (answer_number, _same_number)
-    wrong = []
-    for case, out in results.items():
-        got = read(out)
-        if got is None:
-            want = "two numbers, (forward, backward) bytes" if pair else "a number of bytes"
-            return False, f"{name} on {case!r} returned {type(out).__name__}: return {want}"
-        if not same(got, expected_of(case)):
-            wrong.append((case, got))
-    if not wrong:
-        return True
-    first, got = wrong[0]
-    hint = best_slip([(args_of(c), g) for c, g in wrong], slips(), same)
-    how = (_which_wrong(got, expected_of(first)) if pair else off_by(got, expected_of(first)))
-    return False, (f"{len(wrong)} of {len(cases)} cases not right, the first {first!r}"
-                   + (f" ({counted_word})" if first in counted else "") + f": {how}"
-                   + (f"; {hint}" if hint else ""))
+    return check_cases(answer, name, cases, args_of, expected_of, slips, pair=pair,
+                       counted=counted, counted_word=counted_word, show=_show)
 
 
 # ------------------------------------------------------------- 8.1 the logits' bytes
@@ -220,16 +188,6 @@ def head_slips() -> list[tuple[Callable, str]]:
         (lambda cfg, batch_size, seq_len, precision: head_bytes_by_terms(
             cfg, batch_size, seq_len, precision)[::-1], "return (forward, backward), in that order"),
     ]
-
-
-def _which_wrong(got, expected) -> str:
-    ok = [close_to(g, e, 1e-12) for g, e in zip(got, expected, strict=True)]
-    off = [off_by(g, e) for g, e in zip(got, expected, strict=True)]
-    if ok[0] and not ok[1]:
-        return f"its forward is right, its backward is {off[1]}"
-    if ok[1] and not ok[0]:
-        return f"its backward is right, its forward is {off[0]}"
-    return f"its forward is {off[0]}, its backward {off[1]}"
 
 
 def check_head_bytes(answer):

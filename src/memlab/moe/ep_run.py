@@ -12,7 +12,7 @@ process training on the whole batch and to the formulas :func:`expert_parallel_b
 from __future__ import annotations
 
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,12 +33,17 @@ def _config(model) -> ModelConfig:
 
 
 def replicated_parameters(cfg: ModelConfig) -> tuple[int, int]:
-    """(elements, tensors) of everything but the routed experts, counted on a meta model (chapter: 9)."""
+    """(elements, tensors) of everything but the routed experts, counted on a meta model (chapter: 9).
+
+    The model is built with one expert per block (the tensors outside the experts keep their
+    count); the elements are all of the model's less the experts' L·E·3·C·F.
+    """
     from memlab.model.transformer import build_model
 
-    model = build_model(cfg, device="meta")
-    kept = [p for n, p in model.named_parameters() if ".experts." not in n]
-    return sum(p.numel() for p in kept), len(kept)
+    m = cfg.moe
+    one = replace(cfg, moe=replace(m, experts=1, top_k=1, capacity_factor=None))
+    kept = [n for n, _ in build_model(one, device="meta").named_parameters() if ".experts." not in n]
+    return cfg.num_parameters() - cfg.n_layer * m.experts * 3 * cfg.d_model * m.d_ff, len(kept)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,10 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "error_histogram",
         "ratio_heatmap",
     ),
+    "memlab.plot.moe": (
+        "RANK_PARTS",
+        "expert_parallel_share",
+    ),
     "memlab.plot.planning": (
         "accelerators",
         "offload_costs",
