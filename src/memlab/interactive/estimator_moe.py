@@ -70,6 +70,9 @@ def moe_estimate(cfg: ModelConfig, *, batch_size, seq_len, precision: str, optim
                     offload_activations=levers.get("offload_activations", False))
     check_choice("device", device, DEVICES)
     check_levers(cfg, levers)
+    # The seam: a lever estimate_moe learns (checkpointing=..., an expert-parallel degree) leaves
+    # MOE_UNMODELLED and is passed on here; the walk's moe tables then take its variants
+    # (memlab.interactive.walk.MOE_SWITCHES), and the script's estimate reads them.
     return estimate_moe(spec.config, batch_size=batch_size, seq_len=seq_len,
                         precision=precision, optimizer=optimizer, optimizer_impl=optimizer_impl,
                         device=device)
