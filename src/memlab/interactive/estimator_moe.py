@@ -26,10 +26,12 @@ MOE_UNMODELLED = {
     "offload_activations": (False, "activation offloading"),
 }
 # The mixture-of-experts families a pasted config.json may be (memlab.model.config reads them),
-# and the keys that give a config's experts away when its family is another one.
+# and the keys that give a config's experts away when its family is another one: those families'
+# own, DeepSeek-V2/V3's routed experts and the experts per token most families name so.
 MOE_STYLES = {t: HF_STYLES[t] for t in HF_MOE_FIELDS}
 EXPERT_KEYS = tuple(sorted({k for fs in HF_MOE_FIELDS.values() for f in fs
-                            if f.field == "experts" for k in f.keys}))
+                            if f.field in ("experts", "top_k") for k in f.keys}
+                           | {"n_routed_experts"}))
 # The families whose config.json may make some blocks dense (_hf_moe refuses those).
 SPARSE_STEP_FAMILIES = ("qwen2_moe",)
 
@@ -92,7 +94,7 @@ def script_moe(cfg: ModelConfig) -> dict:
     return dict(qkv_bias=cfg.qkv_bias,
                 moe=dict(experts=m.experts, top_k=m.top_k, d_ff=m.d_ff, shared_d_ff=m.shared_d_ff,
                          shared_gate=m.shared_gate, norm_topk_prob=m.norm_topk_prob,
-                         capacity_factor=m.capacity_factor))
+                         capacity_factor=m.capacity_factor, aux_loss_coef=m.aux_loss_coef))
 
 
 def moe_data() -> dict:

@@ -54,9 +54,10 @@ DTYPE_BYTES = {"int64": torch.int64.itemsize, "fp32": torch.float32.itemsize,
 # chunked_loss: loss_chunks above 1, whose value sizes no saved tensor).
 SWITCHES = {"precision": PRECISIONS, "device": DEVICES, "attention": ATTENTION_IMPLS,
             "checkpointing": (False, True), "chunked_loss": (False, True)}
-# A mixture of experts' own switches: renormalized top-k weights, and no shared expert, one,
-# or one with a sigmoid gate (memlab.model.config.MoEConfig).
-MOE_SWITCHES = {"norm_topk_prob": (False, True), "shared_expert": ("none", "ungated", "gated")}
+# A mixture of experts' own switches: renormalized top-k weights, no shared expert, one, or
+# one with a sigmoid gate, and a balancing loss trained or not (memlab.model.config.MoEConfig).
+MOE_SWITCHES = {"norm_topk_prob": (False, True), "shared_expert": ("none", "ungated", "gated"),
+                "aux_loss": (False, True)}
 
 
 class Sym:
@@ -163,13 +164,14 @@ class _SymbolicModel:
     moe: object = None
 
 
-def symbolic_moe_config(attention: str, norm_topk_prob: bool, shared_expert: str):
+def symbolic_moe_config(attention: str, norm_topk_prob: bool, shared_expert: str,
+                        aux_loss: bool = True):
     """A Llama-style mixture of experts whose sizes are symbols (E, k, Fe, Fs): what the walk reads."""
     s = Sym.of
     moe = SimpleNamespace(experts=s("E"), top_k=s("k"), d_ff=s("Fe"),
                           shared_d_ff=0 if shared_expert == "none" else s("Fs"),
                           shared_gate=shared_expert == "gated", norm_topk_prob=norm_topk_prob,
-                          capacity_factor=None)
+                          capacity_factor=None, aux_loss_coef=1.0 if aux_loss else 0.0)
     moe.block_parameters = lambda C: MoEConfig.block_parameters(moe, C)
     return _SymbolicModel(name="symbolic", moe=moe,
                           **vars(symbolic_config("llama", attention)))
@@ -261,8 +263,8 @@ def _moe_inventory() -> dict:
     names = ("precision", "device", "attention", *MOE_SWITCHES)
     blocks, steps = {}, {}
     for variant in product(*((SWITCHES | MOE_SWITCHES)[n] for n in names)):
-        precision, device, attention, norm, shared = variant
-        cfg = symbolic_moe_config(attention, norm, shared)
+        precision, device, attention, norm, shared, aux = variant
+        cfg = symbolic_moe_config(attention, norm, shared, aux)
         saved = moe_saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision,
                                   device=device, rows=R)
         block = [t for t in saved if t.scope == "layer"]

@@ -419,7 +419,8 @@
     return experts === null ? cfg : Object.assign(cfg, { qkv_bias: false }, K.moe.config_fixed[mtype], {
       moe: { experts: experts.experts, top_k: experts.top_k, d_ff: experts.d_ff,
              shared_d_ff: experts.shared_d_ff, shared_gate: experts.shared_gate,
-             norm_topk_prob: experts.norm_topk_prob, capacity_factor: experts.capacity_factor },
+             norm_topk_prob: experts.norm_topk_prob, capacity_factor: experts.capacity_factor,
+             aux_loss_coef: experts.aux_loss_coef },
     });
   }
 

@@ -70,6 +70,7 @@
       moe_rows: s.batch_size === undefined ? 0 : moeRows(m, s.batch_size * s.seq_len),
       norm_topk_prob: m.norm_topk_prob,
       shared_expert: !m.shared_d_ff ? "none" : m.shared_gate ? "gated" : "ungated",
+      aux_loss: !!m.aux_loss_coef,
     });
   }
 
