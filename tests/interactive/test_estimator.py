@@ -179,7 +179,8 @@ def _read_moe(walk, cfg, s) -> list[tuple]:
     s = dict(s, experts=m.experts, top_k=m.top_k, expert_ffn_dim=m.d_ff,
              shared_ffn_dim=m.shared_d_ff, moe_rows=sum(moe_rows(cfg, s["batch_size"] * s["seq_len"])),
              norm_topk_prob=m.norm_topk_prob,
-             shared_expert="none" if not m.shared_d_ff else "gated" if m.shared_gate else "ungated")
+             shared_expert="none" if not m.shared_d_ff else "gated" if m.shared_gate else "ungated",
+             aux_loss=bool(m.aux_loss_coef))
     return _walk_saved(walk, cfg, s, walk["moe"])
 
 
@@ -196,7 +197,7 @@ def test_the_walk_s_moe_tables_give_moe_saved_tensors_bytes():
         configs.append(dataclasses.replace(SMALL, moe=MoEConfig(
             experts=E, top_k=rng.randint(1, min(E, 4)), d_ff=rng.choice([8, 96]),
             shared_d_ff=shared, shared_gate=bool(shared) and rng.random() < 0.5,
-            norm_topk_prob=rng.random() < 0.5,
+            norm_topk_prob=rng.random() < 0.5, aux_loss_coef=rng.choice([0.0, 0.01]),
             capacity_factor=rng.choice([None, 0.5, 1.0, 1.25, 2.0]))))
     for cfg in configs:
         for precision in ("fp32", "bf16", "bf16-mixed", "fp16-mixed"):

@@ -101,7 +101,7 @@ def test_script_under_node_matches_python_on_moe_configs_levers_and_capacity():
                                   qkv_bias=rng.random() < 0.3, moe=MoEConfig(
             experts=E, top_k=rng.randint(1, min(E, 4)), d_ff=rng.choice([32, 1408]),
             shared_d_ff=shared, shared_gate=bool(shared) and rng.random() < 0.5,
-            norm_topk_prob=rng.random() < 0.5,
+            norm_topk_prob=rng.random() < 0.5, aux_loss_coef=rng.choice([0.0, 0.02]),
             capacity_factor=rng.choice([None, 0.3, 1.0, 1.25, 3.0])))
         setting = dict(batch_size=rng.choice([1, 2, 5]), seq_len=rng.choice([1, 33, 128]),
                        precision=rng.choice(["fp32", "bf16", "bf16-mixed", "fp16-mixed"]),
