@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import random
 import re
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from memlab.compute.flops import moe_rows
 from memlab.errors import MemlabError  # noqa: E402
 from memlab.gpus import CATALOGUE, RESERVED_BYTES, fits, get_gpu  # noqa: E402
 from memlab.interactive import estimator as est  # noqa: E402
@@ -23,8 +25,9 @@ from memlab.interactive.page import static_script  # noqa: E402
 from memlab.interactive.walk import WALK_FILE, page_walk, walk_tables, walk_text  # noqa: E402
 from memlab.memory.activations import COMPUTE_BYTES, PARAM_BYTES, saved_tensors
 from memlab.memory.estimator import BNB_BLOCK, BNB_MIN_NUMEL, estimate
-from memlab.model.config import PRESETS, get_config  # noqa: E402
+from memlab.model.config import PRESETS, MoEConfig, get_config  # noqa: E402
 from memlab.model.step import PHASES  # noqa: E402
+from memlab.moe.saved import moe_saved_tensors
 
 
 def test_estimate_summary_returns_a_figure_and_names_the_peak_and_gpus():
@@ -131,12 +134,17 @@ def test_the_walk_tables_give_saved_tensors_bytes():
             got = _walk_saved(walk, cfg, dict(batch_size=3, seq_len=20, precision=precision,
                                               device=device, attention=attention,
                                               checkpointing=ckpt, chunked_loss=chunks > 1))
-            assert got == [(t.scope, t.dtype, t.bytes) for t in want], (name, precision, ckpt,
-                                                                        chunks)
+            assert [row[1:] for row in got] == [(t.scope, t.dtype, t.bytes) for t in want], (
+                name, precision, ckpt, chunks)
 
 
-def _walk_saved(walk, cfg, s) -> list[tuple]:
-    """The tables read as estimator.js reads them (savedTensors), in Python."""
+def _walk_saved(walk, cfg, s, tables=None) -> list[tuple]:
+    """The tables read as estimator.js reads them (savedTensors), in Python.
+
+    ``tables``: the walk's tables to read (default the config's style's); each row is
+    (name, scope, dtype, bytes).
+    """
+    tables = walk["styles"][cfg.style] if tables is None else tables
     d = {sym: s.get(field, getattr(cfg, field, None)) for sym, field in walk["symbols"].items()}
 
     def poly(p):
@@ -156,12 +164,54 @@ def _walk_saved(walk, cfg, s) -> list[tuple]:
             if key in row["dtype"]:
                 dtype = row["dtype"][key]
                 if dtype == "block":
-                    out += rows(walk["styles"][cfg.style]["block"])
+                    out += rows(tables["block"])
                 else:
-                    out.append((row["scope"], dtype, walk["dtype_bytes"][dtype] * poly(row["numel"])))
+                    out.append((row["name"], row["scope"], dtype,
+                                walk["dtype_bytes"][dtype] * poly(row["numel"])))
         return out
 
-    return rows(walk["styles"][cfg.style]["saved"])
+    return rows(tables["saved"])
+
+
+def _read_moe(walk, cfg, s) -> list[tuple]:
+    """The walk's moe tables read at real sizes, as estimator_activations.js reads them."""
+    m = cfg.moe
+    s = dict(s, experts=m.experts, top_k=m.top_k, expert_ffn_dim=m.d_ff,
+             shared_ffn_dim=m.shared_d_ff, moe_rows=sum(moe_rows(cfg, s["batch_size"] * s["seq_len"])),
+             norm_topk_prob=m.norm_topk_prob,
+             shared_expert="none" if not m.shared_d_ff else "gated" if m.shared_gate else "ungated",
+             aux_loss=bool(m.aux_loss_coef))
+    return _walk_saved(walk, cfg, s, walk["moe"])
+
+
+def test_the_walk_s_moe_tables_give_moe_saved_tensors_bytes():
+    """Read back at real shapes (capacity factors and shared experts too), the tables are
+    moe_saved_tensors, tensor by tensor."""
+    walk = walk_tables()
+    rng = random.Random(0)
+    SMALL = dataclasses.replace(PRESETS["tiny-moe"], name="small-moe")
+    configs = [PRESETS[n] for n in ("mixtral-8x7b", "qwen1.5-moe-a2.7b")] + [SMALL]
+    for _ in range(12):
+        E = rng.choice([1, 3, 8, 60])
+        shared = rng.choice([0, 0, 48])
+        configs.append(dataclasses.replace(SMALL, moe=MoEConfig(
+            experts=E, top_k=rng.randint(1, min(E, 4)), d_ff=rng.choice([8, 96]),
+            shared_d_ff=shared, shared_gate=bool(shared) and rng.random() < 0.5,
+            norm_topk_prob=rng.random() < 0.5, aux_loss_coef=rng.choice([0.0, 0.01]),
+            capacity_factor=rng.choice([None, 0.5, 1.0, 1.25, 2.0]))))
+    for cfg in configs:
+        for precision in ("fp32", "bf16", "bf16-mixed", "fp16-mixed"):
+            attention, device = rng.choice(["sdpa", "eager", "flash"]), rng.choice(["cpu", "cuda"])
+            c = dataclasses.replace(cfg, attention=attention)
+            B, T = rng.choice([1, 3]), rng.choice([7, 20, 64])
+            want = moe_saved_tensors(c, batch_size=B, seq_len=T, precision=precision,
+                                     device=device)
+            got = _read_moe(walk, c, dict(batch_size=B, seq_len=T, precision=precision,
+                                          device=device, attention=attention))
+            # (the dense part's names follow the symbols: k and v 'repeated to all heads')
+            assert [(n if n.startswith("MLP (experts)") else "", *rest) for n, *rest in got] == [
+                (t.name if t.name.startswith("MLP (experts)") else "", t.scope, t.dtype, t.bytes)
+                for t in want], (cfg, precision)
 
 
 @pytest.mark.parametrize("script", [SCRIPT, ACTIVATIONS_SCRIPT], ids=lambda p: p.name)
@@ -270,7 +320,7 @@ def test_test_settings_are_seeded_and_cover_every_switch():
     pasted = [raw for _, raw, _ in cases if raw is not None]
     assert len(pasted) == 100
     styles = {raw["model_type"] for raw in pasted}
-    assert styles == {"gpt2", "llama", "mistral"}
+    assert styles == {"gpt2", "llama", "mistral", "mixtral", "qwen2_moe"}
     for key in ("precision", "optimizer", "optimizer_impl", "attention", "device",
                 "checkpointing", "loss_chunks", "offload_activations", "context_parallel"):
         assert len({s[key] for _, _, s in cases}) > 1, key

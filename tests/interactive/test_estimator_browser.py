@@ -66,6 +66,29 @@ HF_CONFIGS = {
                     "tie_word_embeddings": True},
 }
 
+# Mixtures of experts' config.json files, as published (Mixtral 8x7B, Qwen1.5-MoE-A2.7B).
+HF_MOE_CONFIGS = {
+    "mixtral-8x7b": {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                     "_name_or_path": "mistralai/Mixtral-8x7B-v0.1", "hidden_size": 4096,
+                     "intermediate_size": 14336, "num_attention_heads": 32,
+                     "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+                     "max_position_embeddings": 32768, "rope_theta": 1e6, "rms_norm_eps": 1e-5,
+                     "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": None,
+                     "router_aux_loss_coef": 0.02, "tie_word_embeddings": False},
+    "qwen1.5-moe-a2.7b": {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+                          "hidden_size": 2048, "intermediate_size": 5632,
+                          "num_attention_heads": 16, "num_hidden_layers": 24,
+                          "num_key_value_heads": 16, "vocab_size": 151936,
+                          "max_position_embeddings": 8192, "rope_theta": 1e6,
+                          "rms_norm_eps": 1e-6, "num_experts": 60, "num_experts_per_tok": 4,
+                          "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+                          "norm_topk_prob": False, "decoder_sparse_step": 1,
+                          "mlp_only_layers": [], "use_sliding_window": False,
+                          "sliding_window": 32768, "router_aux_loss_coef": 0.001,
+                          "tie_word_embeddings": False},
+}
+
+
 def shown(readout: dict) -> dict:
     """The part of estimate_readout the page displays (texts, bytes, verdicts)."""
     if readout["error"]:
@@ -198,7 +221,8 @@ N_SETTINGS = 420
 def test_script_matches_memlab_estimate_over_random_settings(open_estimator):
     start = time.perf_counter()
     page = open_estimator(est.memory_estimator().html())
-    cases = est.test_settings(N_SETTINGS, seed=0, hf_configs=HF_CONFIGS.values())
+    cases = est.test_settings(N_SETTINGS, seed=0,
+                              hf_configs=[*HF_CONFIGS.values(), *HF_MOE_CONFIGS.values()])
     got = page.evaluate(JS_RUN_CASES, [[[k, None if r is None else json.dumps(r), s]
                                         for k, r, s in cases], JS_READ])
     bad = []
@@ -214,6 +238,9 @@ def test_script_matches_memlab_estimate_over_random_settings(open_estimator):
             assert model == key
     pasted = sum(r is not None for _, r, _ in cases)
     errors = sum(w[0]["error"] is not None for w in got)
+    moe = sum((PRESETS[k] if r is None else est.pasted_config(r)).moe is not None
+              for k, r, _ in cases)
+    assert moe > N_SETTINGS // 10  # mixtures of experts, presets and pasted, among them
     print(f"\nestimator: {len(cases)} settings ({pasted} pasted configs, {errors} refused with "
           f"an error) checked against memlab.memory.estimate in {time.perf_counter() - start:.1f}s")
     assert not bad, f"{len(bad)} of {len(cases)} settings differ, e.g. {bad[:2]}"
@@ -370,6 +397,17 @@ BAD_CONFIGS = [
     dict(HF_CONFIGS["gpt2"], n_head=7),
     dict(HF_CONFIGS["gpt2"], layer_norm_epsilon=None),
     dict(HF_CONFIGS["gpt2"], n_positions={"max": 1024}),
+    # mixtures of experts: another family, and what Mixtral's and Qwen2-MoE's tables refuse
+    dict(HF_MOE_CONFIGS["qwen1.5-moe-a2.7b"], model_type="qwen3_moe"),
+    dict(HF_MOE_CONFIGS["mixtral-8x7b"], model_type="deepseek_v3"),
+    dict(HF_MOE_CONFIGS["mixtral-8x7b"], num_experts_per_tok=9),
+    dict(HF_MOE_CONFIGS["mixtral-8x7b"], router_aux_loss_coef=-0.5),
+    {k: v for k, v in HF_MOE_CONFIGS["mixtral-8x7b"].items() if k != "num_local_experts"},
+    dict(HF_MOE_CONFIGS["qwen1.5-moe-a2.7b"], decoder_sparse_step=2),
+    dict(HF_MOE_CONFIGS["qwen1.5-moe-a2.7b"], mlp_only_layers=[0, 3]),
+    dict(HF_MOE_CONFIGS["qwen1.5-moe-a2.7b"], norm_topk_prob="yes"),
+    dict(HF_MOE_CONFIGS["qwen1.5-moe-a2.7b"], use_sliding_window=True),
+    dict(HF_MOE_CONFIGS["qwen1.5-moe-a2.7b"], shared_expert_intermediate_size=0),
 ]
 
 
@@ -554,3 +592,63 @@ def test_estimator_on_the_built_chapter(chromium_browser):
         assert not problems, problems
     finally:
         context.close()
+
+
+LEVERS = ("checkpointing", "grad_accum_steps", "context_parallel", "loss_chunks",
+          "offload_activations")
+
+
+def test_a_mixture_of_experts_on_the_page(open_estimator):
+    """MoE presets and pasted MoE configs: estimate_moe's numbers, total and active parameters,
+    and the levers its estimate does not model off and disabled, with the reason on the page."""
+    page = open_estimator(est.memory_estimator().html())
+    root = page.locator(ROOT).first
+    note = root.locator('[data-role="levers-note"]')
+    setting = dict(batch_size=1, seq_len=2048, precision="bf16-mixed", optimizer="adamw",
+                   optimizer_impl="foreach", attention="sdpa", checkpointing=False,
+                   grad_accum_steps=1, device="cuda")
+    _set(page, "checkpointing", True)  # on for a dense model, then off for the experts
+    _set(page, "loss_chunks", 4)
+    assert note.is_hidden()
+    for name in ("mixtral-8x7b", "qwen1.5-moe-a2.7b"):
+        _set(page, "model", name)
+        shows = _read(page)
+        assert shows == expected(name, None, setting), name
+        cfg = PRESETS[name]
+        assert shows["setup"].startswith(f"{name}: {cfg.num_parameters():,} parameters, "
+                                         f"{cfg.active_parameters():,} active; ")
+        for role in LEVERS:
+            assert root.locator(f'[data-role="{role}"]').is_disabled(), role
+        assert not root.locator('[data-role="checkpointing"]').is_checked()
+        assert note.is_visible() and note.text_content().startswith(
+            f"{name} is a mixture of experts: its estimate (memlab.moe.estimate_moe")
+        for role, value in [("precision", "fp32"), ("attention", "eager"), ("batch_size", 2)]:
+            _set(page, role, value)
+            setting[role] = value
+            assert _read(page) == expected(name, None, setting), (name, role, value)
+    for name, raw in HF_MOE_CONFIGS.items():
+        cfg = est.pasted_config(raw)
+        assert _paste(page, json.dumps(raw)) == (f"using {cfg.name}: {cfg.num_parameters():,} "
+                                                 "parameters")
+        option = root.locator(f'option[value="{est.PASTED_KEY}"]')
+        assert option.text_content() == f"pasted: {est._model_label(cfg)}"
+        assert "B active)" in option.text_content()
+        assert _read(page) == expected(None, raw, setting), name
+        assert root.locator('[data-role="offload_activations"]').is_disabled()
+    _set(page, "model", "llama2-7b")  # a dense model gets its levers back
+    assert note.is_hidden()
+    for role in LEVERS:
+        assert root.locator(f'[data-role="{role}"]').is_enabled(), role
+    _set(page, "checkpointing", True)
+    assert _read(page) == expected("llama2-7b", None, dict(setting, checkpointing=True))
+
+
+def test_an_moe_page_opens_with_its_levers_off(open_estimator):
+    page = open_estimator(est.memory_estimator("mixtral-8x7b", seq_len=4096).html())
+    root = page.locator(ROOT).first
+    assert _read(page) == expected("mixtral-8x7b", None, dict(
+        batch_size=1, seq_len=4096, precision="bf16-mixed", optimizer="adamw",
+        optimizer_impl="foreach", attention="sdpa", checkpointing=False, grad_accum_steps=1,
+        device="cuda"))
+    assert all(root.locator(f'[data-role="{role}"]').is_disabled() for role in LEVERS)
+    assert root.locator('[data-role="levers-note"]').is_visible()

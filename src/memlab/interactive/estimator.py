@@ -6,7 +6,9 @@ live Jupyter, Colab or VS Code output. Its scripts (``static/estimator_activatio
 ``static/estimator.js``) interpret :func:`memlab.memory.estimate`'s walk for a training step as
 Python writes it down (:mod:`memlab.interactive.walk`: the saved tensors of each layer kind, the
 parameter tensors), with chapter 8's levers: the chunked loss, activation offloading and
-context parallelism;
+context parallelism; a mixture of experts (chapter 9) is :func:`memlab.moe.estimate.estimate_moe`'s
+step, its block read from the walk's ``moe`` tables and the levers that estimate lacks turned off
+(:mod:`memlab.interactive.estimator_moe`);
 every number it multiplies by (bytes per dtype and per precision, bitsandbytes' block size,
 FlashAttention's tiles, the presets' shapes, each GPU's usable bytes, the table that reads a
 Hugging Face ``config.json``) is passed to it as JSON by :func:`estimator_data`. :func:`estimate_readout` is what the page shows for one setting,
@@ -25,6 +27,14 @@ import torch
 from memlab import plot
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.gpus import CATALOGUE, RESERVED_BYTES, fits, get_gpu
+from memlab.interactive.estimator_moe import (
+    MOE_UNMODELLED,
+    moe_data,
+    moe_estimate,
+    refuse_other_moe,
+    script_moe,
+    unmodelled_note,
+)
 from memlab.interactive.page import mount_scripts
 from memlab.interactive.walk import page_walk
 from memlab.memory.activations import COMPUTE_BYTES, FLASH_TILES, PARAM_BYTES
@@ -52,19 +62,20 @@ from memlab.units import UNITS, fmt_bytes, to_unit
 
 BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192)
-# The config.json families the page reads: not those with fixed biases on q, k and v or with
-# experts, which the page's tables have no variant for (as its presets, _model_names).
+# The config.json families the page reads: not the dense ones with fixed biases on q, k and v,
+# which the page's tables have no variant for (as its presets, _model_names); the mixtures of
+# experts' tables have one.
 PAGE_STYLES = {t: s for t, s in HF_STYLES.items()
-               if not HF_FIXED.get(t, {}).get("qkv_bias") and t not in HF_MOE_FIELDS}
+               if not HF_FIXED.get(t, {}).get("qkv_bias") or t in HF_MOE_FIELDS}
 
 
 def _model_names() -> tuple[str, ...]:
     """The presets the widget offers: real models, not the tiny test ones.
 
-    Nor, for now, models with biases on q, k and v (the page's tables have no such variant).
+    Nor, for now, dense models with biases on q, k and v (the page's tables have no such variant).
     """
     return tuple(name for name, cfg in PRESETS.items()
-                 if not name.startswith("tiny") and not cfg.qkv_bias and cfg.moe is None)
+                 if not name.startswith("tiny") and (not cfg.qkv_bias or cfg.moe is not None))
 
 
 def _clamp_seq_len(cfg: ModelConfig, seq_len: int) -> tuple[int, str]:
@@ -113,7 +124,11 @@ PASTED_SOURCE = "the pasted config"  # how the one-line errors name it
 
 
 def pasted_config(raw) -> ModelConfig:
-    """The model of a config.json pasted into the page, read as its script reads it (chapter: 1)."""
+    """The model of a config.json pasted into the page, read as its script reads it (chapters: 1, 9).
+
+    A family with experts that the page does not read is refused by name.
+    """
+    refuse_other_moe(raw, PASTED_SOURCE, PAGE_STYLES)
     return config_from_hf_dict(raw, PASTED_SOURCE, styles=PAGE_STYLES)
 
 
@@ -132,7 +147,9 @@ def _amount(n_bytes: int, unit: str) -> str:
 
 
 def _model_label(cfg: ModelConfig) -> str:
-    return f"{cfg.name} ({cfg.num_parameters() / BILLION:,.{DECIMALS}f}B)"
+    active = ("" if cfg.moe is None
+              else f", {cfg.active_parameters() / BILLION:,.{DECIMALS}f}B active")
+    return f"{cfg.name} ({cfg.num_parameters() / BILLION:,.{DECIMALS}f}B{active})"
 
 
 def _categories() -> list[str]:
@@ -146,9 +163,11 @@ def estimate_readout(model: str | ModelConfig = "llama2-7b", *, batch_size=1, se
                      checkpointing: bool = False, grad_accum_steps=1, device: str = "cuda",
                      gpus=CATALOGUE, context_parallel: int = 1, loss_chunks=1,
                      offload_activations=False) -> dict:
-    """What the estimator page shows for one setting, texts and bytes (chapters: 1, 8).
+    """What the estimator page shows for one setting, texts and bytes (chapters: 1, 8, 9).
 
-    The bytes are those of :func:`memlab.memory.estimate`.
+    The bytes are those of :func:`memlab.memory.estimate`; a mixture of experts' are
+    :func:`memlab.moe.estimate.estimate_moe`'s, its active parameters beside the total (and the
+    levers that estimate does not model refused in one line).
 
     A ``seq_len`` above the model's ``max_seq_len`` is capped, with a note; a bad switch gives
     ``{"error": "memlab: error: ..."}``, as the page shows it. ``attention=None``: the model's own.
@@ -160,17 +179,28 @@ def estimate_readout(model: str | ModelConfig = "llama2-7b", *, batch_size=1, se
     attention = cfg.attention if attention is None else attention
     try:
         seq, note = _clamp_seq_len(cfg, seq_len)
-        est = estimate(StepSpec(cfg, batch_size=batch_size, seq_len=seq, precision=precision,
-                                optimizer=optimizer, optimizer_impl=optimizer_impl,
-                                checkpointing=checkpointing, grad_accum_steps=grad_accum_steps,
-                                attention=attention, loss_chunks=loss_chunks,
-                                offload_activations=offload_activations), device=device,
-                       context_parallel=context_parallel)
+        if cfg.moe is not None:
+            est = moe_estimate(cfg, batch_size=batch_size, seq_len=seq, precision=precision,
+                               optimizer=optimizer, optimizer_impl=optimizer_impl,
+                               attention=attention, device=device, checkpointing=checkpointing,
+                               grad_accum_steps=grad_accum_steps,
+                               context_parallel=context_parallel, loss_chunks=loss_chunks,
+                               offload_activations=offload_activations)
+        else:
+            est = estimate(StepSpec(cfg, batch_size=batch_size, seq_len=seq, precision=precision,
+                                    optimizer=optimizer, optimizer_impl=optimizer_impl,
+                                    checkpointing=checkpointing,
+                                    grad_accum_steps=grad_accum_steps, attention=attention,
+                                    loss_chunks=loss_chunks,
+                                    offload_activations=offload_activations), device=device,
+                           context_parallel=context_parallel)
     except MemlabError as err:
         return {"error": f"memlab: error: {err}"}
     big, small = READOUT_UNITS
     unit = big if est.peak_bytes >= UNITS[big] else small
-    setup = (f"{cfg.name}: {est.parameters:,} parameters; batch {batch_size} \u00d7 {seq:,} tokens, "
+    active = None if cfg.moe is None else cfg.active_parameters()
+    counted = f"{est.parameters:,} parameters" + ("" if active is None else f", {active:,} active")
+    setup = (f"{cfg.name}: {counted}; batch {batch_size} \u00d7 {seq:,} tokens, "
              f"{precision}, {optimizer} ({optimizer_impl}), {attention} attention"
              + (", checkpointing" if checkpointing else "")
              + (f", {grad_accum_steps} accumulation steps" if grad_accum_steps > 1 else "")
@@ -190,6 +220,7 @@ def estimate_readout(model: str | ModelConfig = "llama2-7b", *, batch_size=1, se
         "error": None,
         "model": cfg.name,
         "parameters": est.parameters,
+        **({} if active is None else {"active_parameters": active}),
         "note": note,
         "setup": setup,
         "peak": f"estimated peak {_amount(est.peak_bytes, unit)}, in the {est.peak_phase} phase",
@@ -209,7 +240,8 @@ def _script_model(cfg: ModelConfig) -> dict:
     return dict(name=cfg.name, style=cfg.style, vocab_size=cfg.vocab_size, n_layer=cfg.n_layer,
                 n_head=cfg.n_head, kv_heads=cfg.kv_heads, d_model=cfg.d_model,
                 head_dim=cfg.head_dim, ffn_dim=cfg.ffn_dim, max_seq_len=cfg.max_seq_len,
-                tied=cfg.tied, attention=cfg.attention)
+                tied=cfg.tied, attention=cfg.attention,
+                **({} if cfg.moe is None else script_moe(cfg)))
 
 
 def _menu_models(model: str | ModelConfig) -> tuple[list[tuple[str, ModelConfig]], str]:
@@ -282,6 +314,7 @@ def estimator_data(model: str | ModelConfig = "llama2-7b", gpus=CATALOGUE) -> di
             "gpt2_ffn_per_width": ModelConfig(style="gpt2", d_model=1, n_head=1).ffn_dim,
             "attention": ModelConfig().attention,
         },
+        "moe": moe_data(),  # levers off for experts, the config.json table of their families
     }
 
 
@@ -331,6 +364,7 @@ body.vscode-dark .memlab-est,body.vscode-high-contrast .memlab-est{--est-focus:#
 .memlab-est [data-role="gpu"][data-fits="false"] [data-role="gpu-mark"]{color:#D55E00;font-weight:700}
 .memlab-est .est-usable,.memlab-est .est-foot{opacity:.8}
 .memlab-est .est-foot{font-size:.82em;margin-top:.35em}
+.memlab-est .est-levers{font-size:.85em;font-style:italic;margin:.3em 0}
 """
 
 
@@ -431,6 +465,9 @@ def _estimator_html(setting: dict, model: str | ModelConfig, gpus) -> str:
         + f'<label class="est-check"><input type="checkbox" data-role="offload_activations"'
         f'{" checked" if s.get("offload_activations") else ""}> offload activations to the host'
         f"</label>")
+    if cfg.moe is not None:  # the levers its estimate does not model: off (the script's too)
+        for role in MOE_UNMODELLED:
+            controls = controls.replace(f'data-role="{role}"', f'data-role="{role}" disabled')
     accepted = ", ".join(PAGE_STYLES)
     foot = (f"estimated: the formulas of memlab.memory.estimate, recomputed in this page at every "
             f"change (no kernel). A peak fits on a GPU when it is at most the GPU's usable memory "
@@ -444,6 +481,8 @@ def _estimator_html(setting: dict, model: str | ModelConfig, gpus) -> str:
         f"<strong>training memory per phase</strong>: change a control and the numbers follow"
         f"</div>"
         f'<div class="est-controls">{controls}</div>'
+        f'<div class="est-levers" data-role="levers-note"{"" if cfg.moe else " hidden"}>'
+        f'{e(unmodelled_note(cfg)) if cfg.moe else ""}</div>'
         f'<details class="est-paste"><summary>paste a Hugging Face config.json '
         f"(model_type {e(accepted)})</summary>"
         f'<textarea data-role="config-text" rows="6" spellcheck="false" '
@@ -529,7 +568,7 @@ def memory_estimator(model: str | ModelConfig = "llama2-7b", *, batch_size: int 
 
 def _random_hf_config(rng: random.Random) -> dict:
     """A valid config.json of a random shape: GPT-2 or Llama style, GQA or not, any vocabulary,
-    tied or not, MLP width given or GPT-2's default."""
+    tied or not, MLP width given or GPT-2's default, experts or not."""
     mtype = rng.choice(sorted(PAGE_STYLES))
     nh = rng.choice([1, 2, 4, 6, 8, 12, 25, 32])
     C = nh * rng.choice([2, 6, 16, 64, 128])
@@ -550,11 +589,34 @@ def _random_hf_config(rng: random.Random) -> dict:
             raw["max_position_embeddings"] = rng.choice([64, 2048, 8192])
         if rng.random() < 0.3:
             raw["head_dim"] = C // nh
+    if mtype in HF_MOE_FIELDS:
+        raw.update(_random_experts(rng, mtype))
     if rng.random() < 0.4:
         raw["tie_word_embeddings"] = rng.choice([True, False, None])
     if rng.random() < 0.3:
         raw["_name_or_path"] = rng.choice(["org/a-model", ""])
     return raw
+
+
+def _random_experts(rng: random.Random, mtype: str) -> dict:
+    """The expert keys of a random mixture-of-experts config.json (Mixtral's or Qwen2-MoE's)."""
+    E = rng.choice([1, 2, 4, 8, 60])
+    raw = {"num_experts_per_tok": rng.choice([k for k in (1, 2, 4) if k <= E])}
+    if rng.random() < 0.5:
+        raw["router_aux_loss_coef"] = rng.choice([0, 0.001, 0.02])
+    if mtype == "mixtral":
+        return raw | {"num_local_experts": E}
+    raw |= {"num_experts": E, "moe_intermediate_size": rng.choice([7, 64, 1408]),
+            "shared_expert_intermediate_size": rng.choice([16, 5632])}
+    for key, values in (("norm_topk_prob", [True, False, None]), ("decoder_sparse_step", [1]),
+                        ("mlp_only_layers", [[]]), ("use_sliding_window", [False])):
+        if rng.random() < 0.3:
+            raw[key] = rng.choice(values)
+    return raw
+
+
+def _is_moe(key: str | None, raw: dict | None) -> bool:
+    return PRESETS[key].moe is not None if raw is None else raw["model_type"] in HF_MOE_FIELDS
 
 
 def test_settings(n: int = 420, seed: int = 0, hf_configs=()) -> list[tuple]:
@@ -563,8 +625,9 @@ def test_settings(n: int = 420, seed: int = 0, hf_configs=()) -> list[tuple]:
     Each is (preset, None, setting) or (None, config.json dict, setting).
 
     Every switch at random (some combinations are refused, as memlab.memory.estimate refuses
-    them); one setting in three pastes a config.json, drawn from ``hf_configs`` or of a random
-    shape. Each one's expected page is :func:`estimate_readout`.
+    them; a mixture of experts' unmodelled levers off, as the page sets them); one setting in
+    three pastes a config.json, drawn from ``hf_configs`` or of a random shape. Each one's
+    expected page is :func:`estimate_readout`.
     """
     rng = random.Random(seed)
     presets = [key for key, _ in _menu_models("llama2-7b")[0]]
@@ -588,9 +651,11 @@ def test_settings(n: int = 420, seed: int = 0, hf_configs=()) -> list[tuple]:
         setting["offload_activations"] = rng.random() < (0.3 if setting["context_parallel"] == 1
                                                          else 0.03)
         if i % 3 == 2:
-            raw = (rng.choice(hf_configs) if hf_configs and rng.random() < 0.5
-                   else _random_hf_config(rng))
-            out.append((None, raw, setting))
+            key, raw = None, (rng.choice(hf_configs) if hf_configs and rng.random() < 0.5
+                              else _random_hf_config(rng))
         else:
-            out.append((rng.choice(presets), None, setting))
+            key, raw = rng.choice(presets), None
+        if _is_moe(key, raw):  # the page turns off what the MoE estimate does not model
+            setting |= {role: off for role, (off, _) in MOE_UNMODELLED.items()}
+        out.append((key, raw, setting))
     return out

@@ -19,6 +19,7 @@ memlab.interactive already imported it is harmless). A unit test fails while the
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from itertools import combinations, product
@@ -34,13 +35,18 @@ from memlab.memory.activations import (
     stage_of,
 )
 from memlab.memory.estimator import DEVICES, param_shape_groups
-from memlab.model.config import ATTENTION_IMPLS, PRECISIONS, param_groups
+from memlab.model.config import ATTENTION_IMPLS, PRECISIONS, MoEConfig, mlp_shapes, param_groups
+from memlab.moe.saved import moe_saved_tensors
 
 WALK_FILE = "estimator_walk.json"
 STYLES = ("llama", "gpt2")
 # Each shape symbol and the setting or config field that gives its value; 'x//k' is x // k.
 SYMBOLS = {"B": "batch_size", "T": "seq_len", "C": "d_model", "F": "ffn_dim", "V": "vocab_size",
-           "nh": "n_head", "nkv": "kv_heads", "hs": "head_dim", "Tmax": "max_seq_len"}
+           "nh": "n_head", "nkv": "kv_heads", "hs": "head_dim", "Tmax": "max_seq_len",
+           # a mixture of experts: experts, top-k, an expert's and the shared expert's widths,
+           # and R, the rows the experts keep (memlab.compute.flops.moe_rows)
+           "E": "experts", "k": "top_k", "Fe": "expert_ffn_dim", "Fs": "shared_ffn_dim",
+           "R": "moe_rows"}
 DTYPE_BYTES = {"int64": torch.int64.itemsize, "fp32": torch.float32.itemsize,
                "bf16": torch.bfloat16.itemsize, "fp16": torch.float16.itemsize,
                "bool": torch.bool.itemsize}
@@ -48,6 +54,10 @@ DTYPE_BYTES = {"int64": torch.int64.itemsize, "fp32": torch.float32.itemsize,
 # chunked_loss: loss_chunks above 1, whose value sizes no saved tensor).
 SWITCHES = {"precision": PRECISIONS, "device": DEVICES, "attention": ATTENTION_IMPLS,
             "checkpointing": (False, True), "chunked_loss": (False, True)}
+# A mixture of experts' own switches: renormalized top-k weights, no shared expert, one, or
+# one with a sigmoid gate, and a balancing loss trained or not (memlab.model.config.MoEConfig).
+MOE_SWITCHES = {"norm_topk_prob": (False, True), "shared_expert": ("none", "ungated", "gated"),
+                "aux_loss": (False, True)}
 
 
 class Sym:
@@ -134,6 +144,39 @@ def symbolic_config(style: str, attention: str = "sdpa", tied: bool = True):
                            head_dim=s("hs"), max_seq_len=s("Tmax"), qkv_bias=False)
 
 
+@dataclass(frozen=True)
+class _SymbolicModel:
+    """:func:`symbolic_config` as a dataclass, for the functions that ``replace()`` a config."""
+
+    name: str
+    style: str
+    attention: str
+    tied: bool
+    n_layer: int
+    d_model: Sym
+    ffn_dim: Sym
+    vocab_size: Sym
+    n_head: Sym
+    kv_heads: Sym
+    head_dim: Sym
+    max_seq_len: Sym
+    qkv_bias: bool
+    moe: object = None
+
+
+def symbolic_moe_config(attention: str, norm_topk_prob: bool, shared_expert: str,
+                        aux_loss: bool = True):
+    """A Llama-style mixture of experts whose sizes are symbols (E, k, Fe, Fs): what the walk reads."""
+    s = Sym.of
+    moe = SimpleNamespace(experts=s("E"), top_k=s("k"), d_ff=s("Fe"),
+                          shared_d_ff=0 if shared_expert == "none" else s("Fs"),
+                          shared_gate=shared_expert == "gated", norm_topk_prob=norm_topk_prob,
+                          capacity_factor=None, aux_loss_coef=1.0 if aux_loss else 0.0)
+    moe.block_parameters = lambda C: MoEConfig.block_parameters(moe, C)
+    return _SymbolicModel(name="symbolic", moe=moe,
+                          **vars(symbolic_config("llama", attention)))
+
+
 def _key(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
@@ -143,7 +186,8 @@ def _rule(dtypes: dict[tuple, str], names: tuple[str, ...]) -> dict:
 
     ``{"by": [switch, ...], "dtype": {"value/value": dtype}}``; a key missing: not saved there.
     """
-    variants = list(product(*(SWITCHES[n] for n in names)))
+    switches = SWITCHES | MOE_SWITCHES
+    variants = list(product(*(switches[n] for n in names)))
     for size in range(len(names) + 1):
         for picked in combinations(range(len(names)), size):
             table: dict[str, str | None] = {}
@@ -213,13 +257,55 @@ def _inventory(style: str) -> dict:
             "saved": _rows_json(_merge(steps, step_names))}
 
 
+def _moe_inventory() -> dict:
+    """A mixture of experts' block and step (moe_saved_tensors, over R rows), as _inventory's."""
+    B, T, R = Sym.of("B"), Sym.of("T"), Sym.of("R")
+    names = ("precision", "device", "attention", *MOE_SWITCHES)
+    blocks, steps = {}, {}
+    for variant in product(*((SWITCHES | MOE_SWITCHES)[n] for n in names)):
+        precision, device, attention, norm, shared, aux = variant
+        cfg = symbolic_moe_config(attention, norm, shared, aux)
+        saved = moe_saved_tensors(cfg, batch_size=B, seq_len=T, precision=precision,
+                                  device=device, rows=R)
+        block = [t for t in saved if t.scope == "layer"]
+        blocks[variant] = [_row(t, True) for t in block]
+        at = next(i for i, t in enumerate(saved) if t.scope == "layer")
+        rows = [_row(t, False) for t in saved if t.scope != "layer"]
+        rows[at:at] = [((("name", "block"), ("scope", "layer"), ("shape", ""), ("numel", "[]")),
+                        "block")]
+        steps[variant] = rows
+    return {"block": _rows_json(_merge(blocks, names)), "saved": _rows_json(_merge(steps, names))}
+
+
+def _moe_tables() -> dict:
+    """What the page reads of a mixture of experts (chapter 9): its saved tensors, and the
+    parameter shapes around its experts (the dense block's without its MLP, with and without
+    q, k, v biases; one expert's and the shared expert's SwiGLU, mlp_shapes')."""
+    out = _moe_inventory()
+    dense = symbolic_config("llama")
+    linears = len(mlp_shapes(dense))
+    out["attention_shapes"] = {
+        ("bias" if bias else "plain"): [[_poly(x) for x in shape] for shape in
+                                        param_shape_groups(_SymbolicModel(
+                                            name="symbolic", **(vars(dense) | {"qkv_bias": bias}))
+                                        )[1][:-linears]]
+        for bias in (False, True)}
+    for key, width in (("expert_shapes", "Fe"), ("shared_shapes", "Fs")):
+        cfg = _SymbolicModel(name="symbolic", **(vars(dense) | {"ffn_dim": Sym.of(width)}))
+        out[key] = [[_poly(x) for x in shape] for shape in mlp_shapes(cfg)]
+    out["swiglu_linears"] = linears
+    return out
+
+
 def walk_tables() -> dict:
     """The page's tables, computed from the Python walk now (chapter: 1).
 
     ``symbols``: each shape symbol and the field that sizes it; ``dtype_bytes``; per model style:
     ``saved`` (saved_tensors, the block as one row named 'block'), ``block`` (one block's
     tensors, with each one's stage and backward role), ``params`` (param_groups, tied and
-    untied), ``shapes`` (param_shape_groups, the same) and ``grads_in_block`` (grads_done_in_block, per precision).
+    untied), ``shapes`` (param_shape_groups, the same) and ``grads_in_block`` (grads_done_in_block, per precision);
+    ``moe``: a mixture of experts' block and step (:func:`memlab.moe.saved.moe_saved_tensors`)
+    and the parameter shapes around its experts.
     """
     out = {"symbols": dict(SYMBOLS), "dtype_bytes": dict(DTYPE_BYTES), "styles": {}}
     for style in STYLES:
@@ -244,6 +330,7 @@ def walk_tables() -> dict:
                 for stage, (done, casts) in grads_done_in_block(cfg, p).items()}
             for p in PRECISIONS}
         out["styles"][style] = tables
+    out["moe"] = _moe_tables()
     return out
 
 

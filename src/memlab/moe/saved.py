@@ -33,11 +33,15 @@ def moe_weight_numel(cfg: ModelConfig) -> int:
 
 
 def moe_mlp_tensors(cfg: ModelConfig, B: int, T: int, precision: str,
-                    routing: Routing | None = None) -> list[SavedTensor]:
-    """What one block's MoE MLP saves beyond the MLP norm, in forward order (chapter: 9)."""
+                    routing: Routing | None = None, *, rows=None) -> list[SavedTensor]:
+    """What one block's MoE MLP saves beyond the MLP norm, in forward order (chapter: 9).
+
+    ``rows``: R, the rows the experts keep, given (the page's walk, whose sizes are symbols);
+    by default those of :func:`memlab.compute.flops.moe_rows` under ``routing``.
+    """
     m, C, N = cfg.moe, cfg.d_model, B * T
     E, k = m.experts, m.top_k
-    R = sum(moe_rows(cfg, N, routing))
+    R = sum(moe_rows(cfg, N, routing)) if rows is None else rows
     cb = COMPUTE_BYTES[precision]
     mixed = precision.endswith("-mixed")
     hb = 4 if mixed else cb  # the norm's output: fp32 under autocast
@@ -78,11 +82,12 @@ def moe_mlp_tensors(cfg: ModelConfig, B: int, T: int, precision: str,
 
 def moe_saved_tensors(cfg: ModelConfig, *, batch_size: int, seq_len: int,
                       precision: str = "fp32", device: str = "cpu",
-                      routing: Routing | None = None) -> list[SavedTensor]:
+                      routing: Routing | None = None, rows=None) -> list[SavedTensor]:
     """Every tensor an MoE model saves for backward, without checkpointing (chapter: 9).
 
     The dense parts are :func:`memlab.memory.activations.saved_tensors`'s; the MLP is
-    :func:`moe_mlp_tensors` under ``routing`` (default balanced, as a trace routes).
+    :func:`moe_mlp_tensors` under ``routing`` (default balanced, as a trace routes), or over
+    ``rows`` rows.
     """
     if cfg.moe is None or cfg.style != "llama":
         raise MemlabError(f"moe_saved_tensors needs a Llama-style MoE config, got {cfg.name!r}")
@@ -102,4 +107,5 @@ def moe_saved_tensors(cfg: ModelConfig, *, batch_size: int, seq_len: int,
                         shape=f"{linears} x (B, T, C)", bytes=linears * N * C * 2)
         out.append(s)
     at = max(i for i, s in enumerate(out) if s.name.startswith("MLP norm")) + 1
-    return out[:at] + moe_mlp_tensors(cfg, batch_size, seq_len, precision, routing) + out[at:]
+    return out[:at] + moe_mlp_tensors(cfg, batch_size, seq_len, precision, routing,
+                                          rows=rows) + out[at:]

@@ -8,7 +8,8 @@
  * stage of a block's backward. estimator_activations.js reads the tables and holds the
  * activation side of the peak (the head and the loss, whole or chunked, checkpointing,
  * activation offloading, the ring of context parallelism); this file adds the optimizer's
- * states and scratch, the phases, the config.json reader and the page's controls, each
+ * states and scratch, the phases, the config.json reader (mixtures of experts' included) and
+ * the page's controls (the levers memlab.moe.estimate_moe lacks turned off for experts), each
  * function naming the Python function it mirrors. Every other number (bytes per dtype and
  * precision, bitsandbytes' blocks, FlashAttention's tiles, the presets, each GPU's usable
  * bytes, the config.json table) comes from Python as JSON
@@ -48,6 +49,7 @@
   var savedTensors = acts.savedTensors, paramTensors = acts.paramTensors;
   var paramShapes = acts.paramShapes, numParameters = acts.numParameters;
   var activationPeaks = acts.activationPeaks, ringBlock = acts.ringBlock;
+  var activeParameters = acts.activeParameters;
   var ringPeaks = acts.ringPeaks, checkContextParallel = acts.checkContextParallel;
 
   /* ---- optimizer states and scratch (memlab.memory.estimator) ----------------------- */
@@ -181,9 +183,24 @@
     }
   }
 
+  /* A mixture of experts: the levers memlab.moe.estimate_moe does not model yet must be off
+     (memlab.interactive.estimator_moe.check_levers). */
+  function checkLevers(cfg, s, K) {
+    K.moe.unmodelled.forEach(function (lever) {
+      var v = s[lever.role] === undefined ? lever.off : s[lever.role];
+      if ((typeof lever.off === "boolean" ? !!v : v) !== lever.off) {
+        fail(lever.words + " is not modelled for a mixture of experts yet (" + cfg.name +
+             "): got " + lever.role + " " + pyRepr(v) + "; accepted: " + pyRepr(lever.off));
+      }
+    });
+  }
+
   function estimate(cfg0, setting0, K) {
     var setting = Object.assign({ loss_chunks: 1, offload_activations: false }, setting0);
     checkSetting(cfg0, setting, K);
+    if (cfg0.moe) { // memlab.moe.estimate_moe: the dense step's phases, over the MoE block
+      checkLevers(cfg0, setting, K);
+    }
     var cfg = Object.assign({}, cfg0, { attention: setting.attention });
     var ranks = checkContextParallel(setting.context_parallel || 1, setting.seq_len); // T/N tokens each
     if (ranks > 1 && setting.offload_activations) {
@@ -279,31 +296,44 @@
     return Object.prototype.hasOwnProperty.call(raw, key);
   }
 
-  function configFromHF(raw, K, source) {
-    if (raw === null || typeof raw !== "object" || Array.isArray(raw)) {
-      fail(source + " must hold a JSON object");
+  function truthy(v) { // Python's truth of a JSON value
+    return v !== null && v !== undefined && v !== false && v !== 0 && v !== "" &&
+      !(Array.isArray(v) && v.length === 0) &&
+      !(typeof v === "object" && !Array.isArray(v) && Object.keys(v).length === 0);
+  }
+
+  /* The experts of a mixture-of-experts family's config.json (memlab.model.config._hf_moe),
+     checked as MoEConfig checks them; null for a dense one. */
+  function hfExperts(raw, mtype, K, source) {
+    var M = K.moe;
+    if (!has(M.fields, mtype)) {
+      return null;
     }
-    var mtype = has(raw, "model_type") ? raw.model_type : null;
-    var styles = Object.keys(K.hf.styles);
-    if (typeof mtype !== "string" || !has(K.hf.styles, mtype)) {
-      fail(source + " has model_type " + pyRepr(mtype) + "; accepted: " + styles.join(", "));
+    var step = has(raw, "decoder_sparse_step") ? raw.decoder_sparse_step : 1;
+    var only = has(raw, "mlp_only_layers") ? raw.mlp_only_layers : null;
+    if (M.sparse_step_families.indexOf(mtype) >= 0 && ((step !== 1 && step !== true) || truthy(only))) {
+      fail(source + " makes some blocks dense (decoder_sparse_step " + pyRepr(step) +
+           ", mlp_only_layers " + pyRepr(only) + "): the book's model has experts in every " +
+           "block; accepted: decoder_sparse_step 1 and no mlp_only_layers");
     }
-    var style = K.hf.styles[mtype];
-    if (style === "llama") {
-      K.hf.bias_flags.forEach(function (flag) {
-        var v = has(raw, flag) ? raw[flag] : null;
-        var truthy = v !== null && v !== false && v !== 0 && v !== "" &&
-          !(Array.isArray(v) && v.length === 0) &&
-          !(typeof v === "object" && !Array.isArray(v) && Object.keys(v).length === 0);
-        if (truthy) {
-          fail(source + " sets " + flag + " to " + pyRepr(v) + ": biases in attention or MLP, " +
-               "which the book's Llama-style model does not have; accepted: false or absent");
-        }
-      });
+    var m = Object.assign({ shared_d_ff: 0, shared_gate: false, capacity_factor: null },
+                          M.fixed[mtype], readFields(raw, M.fields[mtype], K, source).values);
+    m.norm_topk_prob = m.norm_topk_prob === null ? false : m.norm_topk_prob;
+    if (m.top_k > m.experts) {
+      fail(source + ": moe top_k (" + m.top_k + ") must be at most the experts (" + m.experts + ")");
     }
+    var a = m.aux_loss_coef;
+    if (!(a >= 0) || !isFinite(a)) {
+      fail(source + ": moe aux_loss_coef must be a number >= 0, got " + pyRepr(a));
+    }
+    return m;
+  }
+
+  /* Each field's value (checked, or its default) and the key it was read from (_hf_fields). */
+  function readFields(raw, fields, K, source) {
     var values = {};
     var used = {};
-    K.hf.fields[style].forEach(function (f) {
+    fields.forEach(function (f) {
       var key = null;
       for (var i = 0; i < f.keys.length; i++) {
         if (has(raw, f.keys[i])) {
@@ -322,6 +352,37 @@
       }
       used[f.field] = key || f.keys[0];
     });
+    return { values: values, used: used };
+  }
+
+  function configFromHF(raw, K, source) {
+    if (raw === null || typeof raw !== "object" || Array.isArray(raw)) {
+      fail(source + " must hold a JSON object");
+    }
+    var mtype = has(raw, "model_type") ? raw.model_type : null;
+    var styles = Object.keys(K.hf.styles);
+    if (typeof mtype === "string" && !has(K.hf.styles, mtype) && K.moe.expert_keys.some(function (k) {
+      return has(raw, k);
+    })) { // estimator_moe.refuse_other_moe
+      fail(source + " has model_type " + pyRepr(mtype) + ", a mixture of experts this page does " +
+           "not read; accepted mixtures of experts: " + Object.keys(K.moe.styles).join(", "));
+    }
+    if (typeof mtype !== "string" || !has(K.hf.styles, mtype)) {
+      fail(source + " has model_type " + pyRepr(mtype) + "; accepted: " + styles.join(", "));
+    }
+    var style = K.hf.styles[mtype];
+    if (style === "llama") {
+      K.hf.bias_flags.forEach(function (flag) {
+        var v = has(raw, flag) ? raw[flag] : null;
+        if (truthy(v)) {
+          fail(source + " sets " + flag + " to " + pyRepr(v) + ": biases in attention or MLP, " +
+               "which the book's Llama-style model does not have; accepted: false or absent");
+        }
+      });
+    }
+    var read = readFields(raw, K.hf.fields[style], K, source);
+    var values = read.values;
+    var used = read.used;
     var C = values.d_model;
     var nh = values.n_head;
     var nkv = has(values, "n_kv_head") ? values.n_kv_head : null;
@@ -339,17 +400,28 @@
            used.n_head + " = " + hs + ", which the book's model needs; accepted: " + hs +
            " or absent");
     }
+    if (has(raw, "use_sliding_window") && truthy(raw.use_sliding_window)) {
+      fail(source + " sets use_sliding_window to " + pyRepr(raw.use_sliding_window) + ": the " +
+           "book's model attends to every earlier token; accepted: false or absent");
+    }
     var name = typeof raw._name_or_path === "string" && raw._name_or_path ? raw._name_or_path
       : mtype + " (" + values.n_layer + " layers, width " + C + ")";
     var tied = values.tie_embeddings === null ? K.hf.tied_by_default[style] : values.tie_embeddings;
     // A GPT-2 config may leave n_inner null: the MLP is then a fixed multiple of the width.
     var ffn = values.d_ff === null || values.d_ff === undefined ? K.hf.gpt2_ffn_per_width * C
       : values.d_ff;
-    return {
+    var experts = hfExperts(raw, mtype, K, source);
+    var cfg = {
       name: name, style: style, vocab_size: values.vocab_size, n_layer: values.n_layer,
       n_head: nh, kv_heads: nkv === null ? nh : nkv, d_model: C, head_dim: hs, ffn_dim: ffn,
       max_seq_len: values.max_seq_len, tied: tied, attention: K.hf.attention,
     };
+    return experts === null ? cfg : Object.assign(cfg, { qkv_bias: false }, K.moe.config_fixed[mtype], {
+      moe: { experts: experts.experts, top_k: experts.top_k, d_ff: experts.d_ff,
+             shared_d_ff: experts.shared_d_ff, shared_gate: experts.shared_gate,
+             norm_topk_prob: experts.norm_topk_prob, capacity_factor: experts.capacity_factor,
+             aux_loss_coef: experts.aux_loss_coef },
+    });
   }
 
   /* ---- what the page shows ------------------------------------------------------------ */
@@ -359,7 +431,9 @@
   }
 
   function modelLabel(cfg, K) {
-    return cfg.name + " (" + pyFixed(numParameters(cfg, K) / K.billion, K.decimals) + "B)";
+    return cfg.name + " (" + pyFixed(numParameters(cfg, K) / K.billion, K.decimals) + "B" +
+      (cfg.moe ? ", " + pyFixed(activeParameters(cfg, K) / K.billion, K.decimals) + "B active" : "") +
+      ")";
   }
 
   /* The page's texts and bytes for one setting: the same dict as
@@ -381,7 +455,9 @@
              " bytes, more than this page computes exactly");
       }
       var unit = est.peak_bytes >= K.units[K.big_unit] ? K.big_unit : K.small_unit;
-      var setup = cfg.name + ": " + intText(est.parameters) + " parameters; batch " +
+      var active = cfg.moe ? activeParameters(cfg, K) : null;
+      var setup = cfg.name + ": " + intText(est.parameters) + " parameters" +
+        (active === null ? "" : ", " + intText(active) + " active") + "; batch " +
         s.batch_size + " \u00d7 " + intText(s.seq_len) + " tokens, " + s.precision + ", " +
         s.optimizer + " (" + s.optimizer_impl + "), " + s.attention + " attention" +
         (s.checkpointing ? ", checkpointing" : "") +
@@ -412,10 +488,15 @@
           fitting.push(g.name);
         }
       });
-      return {
+      var out = {
         error: null,
         model: cfg.name,
         parameters: est.parameters,
+      };
+      if (active !== null) {
+        out.active_parameters = active;
+      }
+      return Object.assign(out, {
         note: note,
         setup: setup,
         peak: "estimated peak " + amount(est.peak_bytes, unit, K) + ", in the " + est.peak_phase +
@@ -427,7 +508,7 @@
         at_peak: atPeak,
         gpus: gpus,
         fits: fitting.length ? "fits on: " + fitting.join(", ") : "fits on none of these GPUs",
-      };
+      });
     } catch (err) {
       if (err && err.memlab) {
         return { error: "memlab: error: " + err.message };
@@ -469,6 +550,26 @@
     var pastedOption = rootEl.querySelector('option[value="' + K.pasted_key + '"]');
     var results = q(rootEl, "results");
     var errorEl = q(rootEl, "error");
+    var leversNote = q(rootEl, "levers-note");
+
+    /* A mixture of experts: the levers its estimate does not model are off and disabled, and
+       the page says why; a dense model gets them back. */
+    function syncLevers(cfg) {
+      var moe = !!(cfg && cfg.moe);
+      K.moe.unmodelled.forEach(function (lever) {
+        var el = controls[lever.role];
+        if (moe) {
+          if (el.type === "checkbox") {
+            el.checked = lever.off;
+          } else {
+            el.value = String(lever.off);
+          }
+        }
+        el.disabled = moe;
+      });
+      leversNote.textContent = moe ? cfg.name + " " + K.moe.note : "";
+      leversNote.hidden = !moe;
+    }
 
     function setting() {
       return {
@@ -537,6 +638,7 @@
 
     function recompute() {
       var cfg = controls.model.value === K.pasted_key ? pasted : models[controls.model.value];
+      syncLevers(cfg);
       var r = readout(cfg, setting(), K);
       show(r);
       return r;

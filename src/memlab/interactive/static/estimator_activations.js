@@ -3,7 +3,9 @@
  * The walk's tables (memlab.interactive.walk, committed as static/estimator_walk.json) read at
  * a setting's sizes, and the activation side of the peak (memlab.memory.activations): the saved
  * tensors, the head and the loss (whole or chunked), checkpointing, activation offloading and
- * the ring of context parallelism (memlab.memory.context). Each function names the Python
+ * the ring of context parallelism (memlab.memory.context), and a mixture of experts' block
+ * (the walk's moe tables, memlab.moe.saved; its parameters, rows and gradients, memlab.moe). Each
+ * function names the Python
  * function it mirrors; every number it multiplies by comes from Python as JSON. estimator.js
  * builds the estimate and the page on it.
  *
@@ -34,6 +36,8 @@
     throw new MemlabError(message);
   }
 
+  function product(xs) { return xs.reduce(function (acc, x) { return acc * x; }, 1); }
+
   function sum(xs) {
     var s = 0;
     for (var i = 0; i < xs.length; i++) {
@@ -44,9 +48,35 @@
 
   /* ---- the tables (memlab.interactive.walk.walk_tables) ----------------------------- */
 
+  /* moe_rows under balanced routing: the rows the experts keep of N tokens' N*k, each expert
+     at most ceil(c*N*k/E) with a capacity factor c (MoEConfig.capacity, Routing.counts). */
+  function moeRows(m, N) {
+    var rows = N * m.top_k, E = m.experts, q = Math.floor(rows / E), r = rows - q * E;
+    var cap = m.capacity_factor === null || m.capacity_factor === undefined ? null
+      : Math.ceil(m.capacity_factor * N * m.top_k / E);
+    var keep = function (c) { return cap === null ? c : Math.min(c, cap); };
+    return r * keep(q + 1) + (E - r) * keep(q);
+  }
+
+  /* A setting with a mixture of experts' sizes and switches (the walk's E, k, Fe, Fs, R and
+     MOE_SWITCHES), or the setting itself for a dense model. */
+  function withExperts(cfg, s) {
+    var m = cfg.moe;
+    if (!m || s.moe_rows !== undefined) {
+      return s;
+    }
+    return Object.assign({}, s, {
+      experts: m.experts, top_k: m.top_k, expert_ffn_dim: m.d_ff, shared_ffn_dim: m.shared_d_ff,
+      moe_rows: s.batch_size === undefined ? 0 : moeRows(m, s.batch_size * s.seq_len),
+      norm_topk_prob: m.norm_topk_prob,
+      shared_expert: !m.shared_d_ff ? "none" : m.shared_gate ? "gated" : "ungated",
+      aux_loss: !!m.aux_loss_coef,
+    });
+  }
+
   /* The value of each shape symbol: a setting's field (B, T) or the config's (C, F, ...). */
-  function dims(cfg, s, K) {
-    var d = {};
+  function dims(cfg, s0, K) {
+    var d = {}, s = withExperts(cfg, s0);
     Object.keys(K.walk.symbols).forEach(function (sym) {
       var field = K.walk.symbols[sym];
       d[sym] = Object.prototype.hasOwnProperty.call(s, field) ? s[field] : cfg[field];
@@ -90,19 +120,40 @@
     return K.walk.styles[cfg.style];
   }
 
+  /* The saved-tensor tables: the style's, or a mixture of experts' (moe_saved_tensors). */
+  function savedTables(cfg, K) {
+    return cfg.moe ? K.walk.moe : styleTables(cfg, K);
+  }
+
   /* What one block saves, recomputed whole when checkpointed (_llama_block, _gpt2_block). */
   function blockTensors(cfg, s, d, K) {
-    return rows(styleTables(cfg, K).block, s, d, K);
+    return rows(savedTables(cfg, K).block, withExperts(cfg, s), d, K);
   }
 
   /* Every saved tensor of a step (saved_tensors): the row 'block' stands for the block's list. */
-  function savedTensors(cfg, s, K) {
+  function savedTensors(cfg, s0, K) {
+    var s = withExperts(cfg, s0);
     var d = dims(cfg, s, K);
     var out = [];
-    rows(styleTables(cfg, K).saved, s, d, K).forEach(function (t) {
+    rows(savedTables(cfg, K).saved, s, d, K).forEach(function (t) {
       out = out.concat(t.dtype === "block" ? blockTensors(cfg, s, d, K) : [t]);
     });
     return out;
+  }
+
+  /* A mixture of experts' block shapes (param_shape_groups with mlp_shapes): the dense block
+     without its MLP, the router (E, C), each expert's SwiGLU, the shared expert and its gate. */
+  function expertBlockShapes(cfg, K, d) {
+    var m = cfg.moe, t = K.walk.moe;
+    var at = function (shape) { return shape.map(function (p) { return poly(p, d); }); };
+    var out = t.attention_shapes[cfg.qkv_bias ? "bias" : "plain"].map(at);
+    out.push([m.experts, cfg.d_model]);
+    var expert = t.expert_shapes.map(at);
+    for (var e = 0; e < m.experts; e++) {
+      out = out.concat(expert);
+    }
+    out = out.concat(m.shared_d_ff ? t.shared_shapes.map(at) : []);
+    return m.shared_gate ? out.concat([[1, cfg.d_model]]) : out;
   }
 
   /* The parameter tensors' element counts (param_groups): embeddings, one block's, head's. */
@@ -110,7 +161,38 @@
     var g = styleTables(cfg, K).params[cfg.tied ? "tied" : "untied"];
     var d = dims(cfg, {}, K);
     var at = function (p) { return poly(p, d); };
-    return { embed: g.embed.map(at), block: g.block.map(at), head: g.head.map(at) };
+    var block = cfg.moe ? expertBlockShapes(cfg, K, d).map(product) : g.block.map(at);
+    return { embed: g.embed.map(at), block: block, head: g.head.map(at) };
+  }
+
+  /* One expert's parameters (MoEConfig: a block's less its active ones, per unchosen expert). */
+  function expertParameters(cfg, K) {
+    var d = dims(cfg, {}, K);
+    return sum(K.walk.moe.expert_shapes.map(function (shape) {
+      return product(shape.map(function (p) { return poly(p, d); }));
+    }));
+  }
+
+  /* ModelConfig.active_parameters: all but the experts a token does not go to. */
+  function activeParameters(cfg, K) {
+    return numParameters(cfg, K) -
+      cfg.n_layer * (cfg.moe.experts - cfg.moe.top_k) * expertParameters(cfg, K);
+  }
+
+  /* The gradients done and 16-bit weight casts alive at each stage of an MoE block's backward
+     (memlab.moe.estimate._moe_grads); the down projections are one of the expert's Linears. */
+  function expertGradsInBlock(cfg, precision, K) {
+    var C = cfg.d_model, kv = cfg.kv_heads * cfg.head_dim, pb = K.param_bytes[precision];
+    var block = paramGroups(cfg, K).block, total = sum(block);
+    var qkvW = C * C + 2 * C * kv, mlp = total - 2 * C - qkvW - C * C;
+    var third = K.walk.moe.swiglu_linears;
+    var cast = /-mixed$/.test(precision) ? K.bytes.bf16 : 0;
+    var weights = qkvW + C * C + sum(expertBlockShapes(cfg, K, dims(cfg, {}, K)).slice(
+      K.walk.moe.attention_shapes[cfg.qkv_bias ? "bias" : "plain"].length).map(product));
+    return { "attention norm": [pb * (total - C), cast * qkvW],
+             attention: [pb * (C * C + C + mlp), cast * qkvW],
+             "MLP norm": [pb * mlp, cast * (qkvW + C * C)],
+             MLP: [Math.floor(pb * mlp / third), cast * (weights - Math.floor(mlp / third))] };
   }
 
   /* [elements, how many such tensors] for every parameter tensor (estimator._param_tensors). */
@@ -127,10 +209,11 @@
     var at = function (k) {
       return function (t) { return [t.map(function (p) { return poly(p, d); }), k]; };
     };
-    return g.embed.map(at(1)).concat(g.block.map(at(cfg.n_layer)), g.head.map(at(1)));
+    var block = cfg.moe ? expertBlockShapes(cfg, K, d).map(function (t) { return [t, cfg.n_layer]; })
+      : g.block.map(at(cfg.n_layer));
+    return g.embed.map(at(1)).concat(block, g.head.map(at(1)));
   }
 
-  function product(xs) { return xs.reduce(function (acc, x) { return acc * x; }, 1); }
 
   function numParameters(cfg, K) {
     return sum(paramTensors(cfg, K).map(function (tk) { return tk[0] * tk[1]; }));
@@ -249,8 +332,8 @@
     var gBlock = pb * sum(g.block);
     var gHead = pb * sum(g.head);
     var freshGrad = pb * Math.max.apply(null, g.block);
-    var inBlock = {};
-    var grads = styleTables(cfg, K).grads_in_block[precision];
+    var inBlock = cfg.moe ? expertGradsInBlock(cfg, precision, K) : {};
+    var grads = cfg.moe ? {} : styleTables(cfg, K).grads_in_block[precision];
     Object.keys(grads).forEach(function (stage) {
       inBlock[stage] = [poly(grads[stage][0], d), poly(grads[stage][1], d)];
     });
@@ -346,6 +429,7 @@
     styleTables: styleTables, blockTensors: blockTensors, savedTensors: savedTensors,
     paramGroups: paramGroups, paramTensors: paramTensors, paramShapes: paramShapes,
     numParameters: numParameters, bytesOf: bytesOf, headPeaks: headPeaks,
+    moeRows: moeRows, activeParameters: activeParameters,
     activationPeaks: activationPeaks, checkContextParallel: checkContextParallel,
     ringBlock: ringBlock, ringPeaks: ringPeaks,
   };
