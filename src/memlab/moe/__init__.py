@@ -32,6 +32,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "reduce_gradients",
         "shard_experts",
     ),
+    "memlab.moe.command": ("all_to_all_step_bytes", "check_moe_flags", "moe_step"),
     "memlab.moe.estimate": ("ep_mlp_tensors", "estimate_moe", "moe_forward_high", "rank_rows",
                             "rank_shape_groups", "rank_shapes"),
     "memlab.moe.saved": ("moe_mlp_tensors", "moe_saved_tensors", "moe_weight_numel"),

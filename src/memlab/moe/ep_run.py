@@ -446,13 +446,14 @@ def hot_shares(experts: int, ranks: int, share: float) -> list[float]:
 
 
 def trace_expert_parallel(model, ranks: int, *, batch_size: int = 1, seq_len: int = 1024,
-                          share: float | None = None, **switches):
+                          share: float | None = None, count_flops: bool = False, **switches):
     """One rank's training step with E/N experts, traced over a fake process group (chapter: 9).
 
     Rank 0 of a fake process group of ``ranks`` (its collectives return at once) runs :func:`memlab.measure.trace_step` on fake tensors, every
     block's MoE replaced by :class:`memlab.moe.expert_parallel.ExpertParallelMoE`, routing
     balanced, or with a share ``share`` of every rank's rows sent to this rank's experts
-    (:func:`hot_shares`). ``switches``: what :class:`StepSpec` takes (precision, optimizer, ...).
+    (:func:`hot_shares`). ``switches``: what :class:`StepSpec` takes (precision, optimizer, ...);
+    ``count_flops``: count this rank's FLOPs too, as :func:`trace_step` does.
     """
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -469,7 +470,8 @@ def trace_expert_parallel(model, ranks: int, *, batch_size: int = 1, seq_len: in
     try:  # W fake ranks, this one rank 0: collectives return at once, tensors keep their shapes
         return trace_step(StepSpec(cfg, batch_size=batch_size, seq_len=seq_len,
                                    prepare=_ShardForTrace(None if share is None else hot_shares(
-                                       cfg.moe.experts, ranks, share)), **switches))
+                                       cfg.moe.experts, ranks, share)), **switches),
+                          count_flops=count_flops)
     finally:
         dist.destroy_process_group()
 
