@@ -234,6 +234,10 @@ def _cmd_plan(args) -> int:
     """``memlab plan``: every set-up that fits the GPU, cheapest first."""
     from memlab.compute.plan import GPU_COUNTS, plan_training
     from memlab.model.config import get_config
+    from memlab.moe.command import moe_plan
+
+    if (done := moe_plan(args, _int_list)) is not None:  # a mixture of experts (chapter 9)
+        return done
 
     trains = tuple(t.strip() for t in args.trains.split(",") if t.strip())
     counts = GPU_COUNTS if args.gpus is None else _int_list("--gpus", args.gpus)

@@ -9,7 +9,8 @@ import pytest
 
 from memlab.cli import main
 from memlab.model.config import get_config
-from memlab.moe.command import NOT_MODELLED, all_to_all_step_bytes
+from memlab.moe.command import NOT_MODELLED
+from memlab.moe.ep_run import all_to_all_step_bytes
 from memlab.moe.estimate import estimate_moe
 
 TINY = ["--model", "tiny-moe", "--batch-size", "2", "--seq-len", "32"]

@@ -14,7 +14,6 @@ import json
 import math
 
 from memlab.errors import MemlabError
-from memlab.memory.activations import PARAM_BYTES
 from memlab.model.config import ModelConfig, get_config
 
 # flag -> (argparse attribute, its value when not given): what an MoE step does not model
@@ -51,27 +50,6 @@ def check_moe_flags(args, cfg: ModelConfig) -> int:
     ranks = 1 if ranks is None else ranks
     check_expert_parallel(cfg.moe.experts, ranks)
     return ranks
-
-
-def all_to_all_step_bytes(cfg: ModelConfig, ranks: int, *, tokens: int, precision: str,
-                          checkpointing: bool, grad_accum_steps: int = 1) -> int:
-    """Bytes one rank sends to the others per optimizer step, all blocks (chapter: 9).
-
-    :func:`memlab.moe.ep_run.expert_parallel_bytes`'s payload per micro-batch (dispatch and
-    combine, forward and backward, rows in the residual stream's dtype), times the
-    micro-batches; full checkpointing runs every block's forward, so its two all-to-alls,
-    again in the backward pass.
-    """
-    from memlab.memory.activations import COMPUTE_BYTES
-    from memlab.moe.ep_run import expert_parallel_bytes
-
-    if ranks == 1:
-        return 0
-    b = expert_parallel_bytes(cfg, ranks, tokens=tokens, param_bytes=PARAM_BYTES[precision],
-                              compute_bytes=COMPUTE_BYTES[precision],
-                              row_bytes=PARAM_BYTES[precision])
-    one_way = b.all_to_all_sent_bytes // 2  # the forward's half
-    return grad_accum_steps * one_way * (3 if checkpointing else 2)
 
 
 def step_json(result, mode: str, spec, args) -> dict:
@@ -122,6 +100,8 @@ def moe_step(args, mode: str) -> int | None:
 
         result = estimate_moe(cfg, batch_size=spec.batch_size, seq_len=spec.seq_len,
                               device=args.device, expert_parallel=ranks, **switches)
+    from memlab.moe.ep_run import all_to_all_step_bytes
+
     sent = all_to_all_step_bytes(cfg, ranks, tokens=spec.batch_size * spec.seq_len,
                                  precision=spec.precision, checkpointing=bool(spec.checkpointing),
                                  grad_accum_steps=spec.grad_accum_steps)
@@ -144,4 +124,38 @@ def moe_step(args, mode: str) -> int | None:
         print(f"expert parallelism over {ranks} ranks: {local} expert{'s' if local > 1 else ''} "
               f"per block on this rank ({rank_parameters:,} parameters); all-to-all per step: "
               f"{fmt_bytes(sent)} ({sent:,} bytes) sent to the other ranks")
+    return 0
+
+
+def moe_plan(args, int_list) -> int | None:
+    """Run ``memlab plan`` for an MoE model, or None for a dense one (chapter: 9).
+
+    Full training only: LoRA and QLoRA of experts are not modelled, so the default
+    ``--trains`` drops them with a line saying so, and asking for them alone is refused.
+    """
+    from memlab.compute.plan import GPU_COUNTS
+    from memlab.moe.plan import plan_moe
+
+    cfg = get_config(args.model)
+    if cfg.moe is None:
+        return None
+    trains = [t.strip() for t in args.trains.split(",") if t.strip()]
+    if "full" not in trains:
+        raise MemlabError(f"--trains {args.trains!r}: a mixture of experts is planned for full "
+                          f"training only (LoRA and QLoRA of experts are not modelled); "
+                          f"accepted: full")
+    others = [t for t in trains if t != "full"]
+    dropped = (f"left out: {', '.join(others)} (adapters on experts are not modelled); full "
+               f"training only, ZeRO stage 0, expert parallelism" if others else "")
+    if isinstance(args.limit, int) and args.limit < 0:
+        raise MemlabError(f"--limit must be 0 (all) or a positive number of rows, got {args.limit}")
+    plan = plan_moe(cfg, args.gpu, global_batch=args.global_batch, seq_len=args.seq_len,
+                    gpu_counts=GPU_COUNTS if args.gpus is None else int_list("--gpus", args.gpus),
+                    mfu=args.mfu, dropped=dropped,
+                    optimizers=tuple(o.strip() for o in args.optimizers.split(",") if o.strip()))
+    if args.json:
+        print(json.dumps(plan.as_dict()))
+    else:
+        print(plan.table(limit=args.limit or None))
+        print(plan.reading())
     return 0

@@ -137,6 +137,26 @@ def expert_parallel_bytes(model, ranks: int, *, tokens: int, param_bytes: int = 
         regroup_index_bytes=layers * 2 * 8 * R)
 
 
+def all_to_all_step_bytes(cfg: ModelConfig, ranks: int, *, tokens: int, precision: str,
+                          checkpointing: bool, grad_accum_steps: int = 1) -> int:
+    """Bytes one rank sends to the others per optimizer step, all blocks (chapter: 9).
+
+    :func:`memlab.moe.ep_run.expert_parallel_bytes`'s payload per micro-batch (dispatch and
+    combine, forward and backward, rows in the residual stream's dtype), times the
+    micro-batches; full checkpointing runs every block's forward, so its two all-to-alls,
+    again in the backward pass.
+    """
+    from memlab.memory.activations import COMPUTE_BYTES, PARAM_BYTES
+
+    if ranks == 1:
+        return 0
+    b = expert_parallel_bytes(cfg, ranks, tokens=tokens, param_bytes=PARAM_BYTES[precision],
+                              compute_bytes=COMPUTE_BYTES[precision],
+                              row_bytes=PARAM_BYTES[precision])
+    one_way = b.all_to_all_sent_bytes // 2  # the forward's half
+    return grad_accum_steps * one_way * (3 if checkpointing else 2)
+
+
 def all_to_all_bytes(counts, d_model: int, dtype_bytes: int = 4, *, rank: int) -> dict[str, int]:
     """Bytes rank ``rank`` sends to other ranks in one block's step, by direction (chapter: 9).
 
