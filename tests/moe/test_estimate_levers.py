@@ -10,7 +10,8 @@ import pytest
 from memlab.errors import MemlabError
 from memlab.measure.step import trace_step
 from memlab.model.config import ModelConfig, MoEConfig, get_config
-from memlab.moe.ep_run import trace_expert_parallel
+from memlab.model.moe import Routing
+from memlab.moe.ep_run import hot_shares, trace_expert_parallel
 from memlab.moe.estimate import estimate_moe
 
 PHASES = ("forward", "backward", "optimizer")
@@ -29,10 +30,11 @@ def _config(rng, seed: int, ranks: int) -> ModelConfig:
                        vocab_size=rng.randrange(500, 2000), max_seq_len=256, moe=moe)
 
 
-def _held(cfg, step, ranks=1):
+def _held(cfg, step, ranks=1, share=None):
     traced = (trace_step(cfg, **step) if ranks == 1
-              else trace_expert_parallel(cfg, ranks, **step))
-    est = estimate_moe(cfg, device="cpu", expert_parallel=ranks, **step)
+              else trace_expert_parallel(cfg, ranks, share=share, **step))
+    routing = None if share is None else Routing(hot_shares(cfg.moe.experts, ranks, share))
+    est = estimate_moe(cfg, device="cpu", expert_parallel=ranks, routing=routing, **step)
     for phase in PHASES:
         assert est.phase_peak_bytes[phase] == pytest.approx(traced.phase_peak_bytes[phase],
                                                             rel=0.03), (phase, step, ranks)
@@ -56,6 +58,21 @@ def test_random_moe_levers_are_held_to_their_traces(lever, seed):
     if "accumulat" in lever:
         step["grad_accum_steps"] = rng.randrange(2, 4)
     _held(cfg, step, ranks)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_hot_rank_is_held_to_its_trace(seed):
+    """Every rank sends a share of its rows to rank 0's experts: the routing is honoured."""
+    rng = random.Random(100 + seed)
+    ranks = rng.choice([2, 4])
+    cfg = _config(rng, seed, ranks)
+    step = dict(batch_size=rng.randrange(1, 3), seq_len=rng.randrange(16, 100),
+                precision=rng.choice(["fp32", "bf16-mixed", "bf16"]))
+    share = 1.0 if cfg.moe.experts == ranks else rng.choice([0.5, 0.75, 1.0])
+    est, traced = _held(cfg, step, ranks, share)
+    balanced = estimate_moe(cfg, device="cpu", expert_parallel=ranks, **step)
+    if share * ranks > 1:  # more rows than balanced: more saved bytes on the hot rank
+        assert est.saved_activations_bytes > balanced.saved_activations_bytes
 
 
 def test_a_rank_holds_its_share_of_the_experts():

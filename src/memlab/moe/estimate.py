@@ -138,7 +138,15 @@ def moe_forward_high(cfg: ModelConfig, B: int, T: int, precision: str, ranks: in
     R = sum(rows)
     dispatch = (nk + (2 * R if ranks > 1 else 0)) * C * hb
     work = 3 * max(rows) * m.d_ff * cb + (2 * max(rows) * C * 2 if mixed else 0)
-    combine = R * C * cb + nk * C * (2 if precision == "bf16" else 4)
+    wb = 2 if precision == "bf16" else 4  # the rows' weights and the weighted rows
+    Fs = m.shared_d_ff  # the shared expert's working set, after the combine
+    shared = (max(3 * N * Fs * cb, N * Fs * cb + N * C * cb) + (N * C * 2 if mixed else 0)
+              if Fs else 0)
+    y = N * C * hb  # the combine's sum
+    if ranks > 1:  # the regrouped outputs and the rows sent back; the weighted rows, a moment
+        combine = R * C * cb + nk * C * cb + max(nk * C * wb, shared) + y
+    else:  # the concatenated outputs a moment, then the weighted rows, kept
+        combine = R * C * wb + max(R * C * cb, y + shared)
     router = N * m.experts * 4 + N * m.top_k * 12 + 2 * nk * 8
     if not saving:
         return N * C * (sb + hb) + router + dispatch + R * C * cb + max(work, combine)
