@@ -155,6 +155,29 @@ def moe_forward_high(cfg: ModelConfig, B: int, T: int, precision: str, ranks: in
             if ranks > 1 else 0)
 
 
+def _recomputed_high(cfg, block, grads, high: int, model_level: int, B: int, T: int,
+                     precision: str, accumulating: bool) -> int:
+    """The backward's high point while a checkpointed MoE block is recomputed.
+
+    The inputs kept below it, its attention's saved tensors, what its checkpointed forward
+    holds (``high``) and the experts' SwiGLU tensors, saved this time, beside the gradients
+    done so far and that of the block's output.
+    """
+    L, C = cfg.n_layer, cfg.d_model
+    x_in = B * T * C * PARAM_BYTES[precision]
+    # saved this time, beside the forward's locals: all but the rows dispatched and returned
+    swiglu = sum(t.bytes for t in block if t.name.startswith("MLP (experts)")
+                 and "dispatch buffer" not in t.name and "outputs, concatenated" not in t.name
+                 and "weighted rows" not in t.name)
+    kept = sum(t.bytes for t in block if not t.name.startswith(("Linear weights cast", "MLP")))
+    out = 0
+    for layer in {0, L - 1}:
+        done = grads.largest if accumulating else grads.head + (L - 1 - layer) * grads.block
+        out = max(out, model_level + (layer + 1) * x_in + kept + grads.in_block["MLP"][1]
+                  + high + swiglu + done + x_in)
+    return out
+
+
 def _check(cfg, checkpointing, grad_accum_steps, expert_parallel, device):
     if cfg.moe is None:
         raise MemlabError(f"estimate_moe needs a model with experts, got {cfg.name!r} (dense): "
@@ -219,8 +242,10 @@ def estimate_moe(cfg: ModelConfig | str, *, batch_size: int, seq_len: int,
                                 checkpoint_casts=cfg.n_layer * casts)
     high = moe_forward_high(cfg, B, T, precision, W, routing, saving=plan.kind != "full")
     if plan.kind == "full":
-        below = sum(t.bytes for t in saved if t.scope == "model") + cfg.n_layer * sum(
-            t.bytes for t in saved if t.scope == "layer")
+        model_level = sum(t.bytes for t in saved if t.scope == "model")
+        bwd = max(bwd, _recomputed_high(cfg, block, _moe_grads(cfg, precision, W), high,
+                                        model_level, B, T, precision, accumulating))
+        below = model_level + cfg.n_layer * sum(t.bytes for t in saved if t.scope == "layer")
         fwd = max(fwd, below + (cfg.n_layer * casts if precision.endswith("-mixed") else 0)
                   + high)
     else:
