@@ -126,3 +126,13 @@ def test_levers_not_modelled_with_experts_are_refused(cli_error, flag):
 
 def test_a_checkpointing_plan_other_than_full_is_refused(cli_error):
     cli_error(["trace", *TINY, "--checkpointing", "selective"], "'selective'", "full")
+
+
+@pytest.mark.parametrize("attention", ["eager", "flash"])
+def test_other_attentions_on_cpu_conventions(capsys, attention):
+    argv = [*TINY, "--precision", "bf16-mixed", "--attention", attention, "--expert-parallel", "2"]
+    est = _json(capsys, ["estimate", *argv, "--device", "cpu"])
+    traced = _json(capsys, ["trace", *argv])
+    for phase, peak in traced["phase_peak_bytes"].items():
+        assert est["phase_peak_bytes"][phase] == pytest.approx(peak, rel=0.03), phase
+    assert ("flops" in est) == (attention == "eager")  # the book's FlashAttention: traced only

@@ -60,8 +60,10 @@ def step_json(result, mode: str, spec, args) -> dict:
     """
     d = result.as_dict()
     if mode == "estimate":
-        from memlab.compute.flops import step_flops
+        from memlab.compute.flops import ATTENTION_BACKWARD, step_flops
 
+        if spec.attention not in ATTENTION_BACKWARD:  # the book's FlashAttention: a trace counts
+            return {"mode": "estimated", "conventions": args.device} | d
         f = step_flops(spec)
         return {"mode": "estimated", "conventions": args.device} | d | dict(
             flops=f.total, flops_by_phase=dict(forward=f.forward, backward=f.backward,
