@@ -27,7 +27,8 @@ NOT_MODELLED = {
     "--loss-chunks": ("loss_chunks", 1), "--offload-activations": ("offload_activations", False),
 }
 ACCEPTED = ("--batch-size, --seq-len, --precision, --optimizer, --optimizer-impl, "
-            "--checkpointing (full), --grad-accum, --expert-parallel, --device, --json")
+            "--attention, --checkpointing (full), --grad-accum, --expert-parallel, --device, "
+            "--json")
 
 
 def check_moe_flags(args, cfg: ModelConfig) -> int:
