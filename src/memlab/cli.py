@@ -8,6 +8,7 @@
                     [--precision P] [--kv-precision P] [--json]   generation with a KV cache
     memlab estimate ... --gpus N [--zero-stage 0-3] [--offload none|optimizer|params]
                                                  one of N data-parallel GPUs (ZeRO, FSDP)
+    memlab estimate --model <MoE> ... [--expert-parallel N]   one of N expert-parallel ranks
     memlab trace    (the same options)           measure under FakeTensorMode instead
     memlab bits <value> [--format <fmt>] [--json] how a value is stored (all formats by default)
     memlab record --budget S --out DIR [--device cuda|cpu] [--scale full|ci] [--only A,B]
@@ -233,6 +234,10 @@ def _cmd_plan(args) -> int:
     """``memlab plan``: every set-up that fits the GPU, cheapest first."""
     from memlab.compute.plan import GPU_COUNTS, plan_training
     from memlab.model.config import get_config
+    from memlab.moe.command import moe_plan
+
+    if (done := moe_plan(args, _int_list)) is not None:  # a mixture of experts (chapter 9)
+        return done
 
     trains = tuple(t.strip() for t in args.trains.split(",") if t.strip())
     counts = GPU_COUNTS if args.gpus is None else _int_list("--gpus", args.gpus)
@@ -318,6 +323,9 @@ def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
     p.add_argument("--offload-activations", action="store_true",
                    help="keep what the blocks save for the backward pass in the host's memory "
                         "(with --checkpointing: each checkpointed unit's input)")
+    p.add_argument("--expert-parallel", type=int, default=None, metavar="N",
+                   help="an MoE model's step on one of N ranks, each holding experts/N experts "
+                        "of every block, the rest replicated (N must divide the experts)")
     p.add_argument("--context-parallel", type=int, default=1, metavar="N",
                    help="one rank's bytes when N ranks each hold seq-len/N tokens and attention "
                         "runs as a ring (zig-zag: 2N must divide --seq-len); model states are "
@@ -429,7 +437,10 @@ def _cmd_step(args, mode: str) -> int:
     from memlab.memory.estimator import estimate
     from memlab.model.config import get_config
     from memlab.model.step import StepSpec
+    from memlab.moe.command import moe_step
 
+    if (done := moe_step(args, mode)) is not None:  # a mixture of experts (chapter 9)
+        return done
     sharded = getattr(args, "zero_stage", None) is not None or getattr(args, "gpus", None) is not None
     layout = getattr(args, "layout", None)
     if args.context_parallel != 1:

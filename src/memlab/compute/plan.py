@@ -103,6 +103,100 @@ def micro_batch_words(sequences: int, grad_accum: int) -> str:
             f"step{'s' if grad_accum > 1 else ''}")
 
 
+def check_mfu(mfu) -> float:
+    """``mfu`` if it is a number in (0, 1]; else one line (chapters: 7, 9)."""
+    if isinstance(mfu, bool) or not isinstance(mfu, Real) or not 0 < mfu <= 1:
+        raise MemlabError(f"mfu must be a number in (0, 1], got {mfu!r}")
+    return float(mfu)
+
+
+def largest_fitting(sizes: list[int], peak, usable_bytes: int) -> int:
+    """The largest of ascending ``sizes`` whose ``peak(size)`` fits ``usable_bytes`` (chapters: 7, 9).
+
+    The first must fit; the peak grows with the size, which the bisection relies on.
+    """
+    lo, hi = 0, len(sizes) - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if peak(sizes[mid]) <= usable_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return sizes[lo]
+
+
+def nothing_fits(smallest_bytes: int, label: str, unit: str = "GiB", *,
+                 sentence: bool = False) -> str:
+    """'nothing fits: the smallest per-GPU peak is 92.6 GiB (its set-up)' (chapters: 7, 9).
+
+    ``sentence``: capitalized, with its full stop.
+    """
+    text = (f"nothing fits: the smallest per-GPU peak is {to_unit(smallest_bytes, unit):.1f} "
+            f"{unit} ({label})")
+    return f"N{text[1:]}." if sentence else text
+
+
+def cost_columns(unit: str = "GiB", *, before_step=()) -> list[tuple]:
+    """A plan table's columns after the label: peak, PFLOP, step s, GPU-s (chapters: 7, 9).
+
+    ``before_step``: more (title, width, format of a row) columns before the step's seconds.
+    """
+    return [("peak " + unit, 10, lambda r: f"{to_unit(r.per_gpu_peak_bytes, unit):.1f}"),
+            ("PFLOP", 9, lambda r: f"{r.flops_per_step / 1e15:.1f}"), *before_step,
+            ("step s", 9, lambda r: f"{r.step_s:.2f}"),
+            ("GPU-s", 9, lambda r: f"{r.gpu_seconds:.1f}")]
+
+
+def plan_table(plan, columns, *, limit: int | None = 15, unit: str = "GiB",
+               parameters: str | None = None, notes=()) -> str:
+    """A plan's cheapest rows as text: a head, ``notes``, a line per row (chapters: 7, 9).
+
+    ``columns``: (title, width, format of a row) after each row's label; ``parameters``: the
+    words after the model's name (default its parameter count).
+    """
+    words = parameters or f"{plan.parameters:,} parameters"
+    head = (f"{plan.model} ({words}) on {plan.gpu} "
+            f"({to_unit(plan.usable_bytes, unit):.1f} {unit} usable), global batch "
+            f"{plan.global_batch} x {plan.seq_len}: {len(plan.rows)} of {plan.tried} set-ups "
+            f"fit (estimated; cost assumes MFU {plan.mfu:.0%}, no overlap)")
+    shown = plan.rows[:limit] if limit else plan.rows
+    w = max([len(r.label) for r in shown] + [6]) + 2
+    lines = [head, *notes,
+             f"{'#':>3}  {'set-up':<{w}}" + "".join(f"{t:>{n}}" for t, n, _ in columns)]
+    for i, r in enumerate(shown, 1):
+        lines.append(f"{i:>3}  {r.label:<{w}}" + "".join(f"{f(r):>{n}}" for _, n, f in columns))
+    if not plan.rows:
+        lines.append(nothing_fits(plan.smallest_peak_bytes, plan.smallest_peak_label, unit))
+    return "\n".join(lines)
+
+
+def plan_inputs(model, gpu, global_batch: int, seq_len: int) -> tuple[ModelConfig, GPU]:
+    """A plan's model and GPU, its batch and length checked, each in one line (chapters: 7, 9)."""
+    cfg = get_config(model) if isinstance(model, str) else model
+    if not isinstance(cfg, ModelConfig):
+        raise MemlabError(f"model must be a preset name or a ModelConfig, got {model!r}")
+    g = get_gpu(gpu)
+    check_positive_int("global_batch", global_batch)
+    check_positive_int("seq_len", seq_len)
+    if seq_len > cfg.max_seq_len:
+        raise MemlabError(f"seq_len {seq_len} exceeds max_seq_len {cfg.max_seq_len} of model "
+                          f"{cfg.name!r}")
+    return cfg, g
+
+def cheapest_words(plan) -> str:
+    """A plan's first sentence: its cheapest row and its cost, or that nothing fits (chapters: 7, 9)."""
+    if not plan.rows:
+        return nothing_fits(plan.smallest_peak_bytes, plan.smallest_peak_label, sentence=True)
+    best = plan.rows[0]
+    return (f"The cheapest set-up is {best.label}, {best.gpu_seconds:.0f} GPU-seconds per "
+            f"optimizer step.")
+
+def plan_dict(plan) -> dict:
+    """A plan dataclass as a plain dict, each row by its own ``as_dict`` (chapters: 7, 9)."""
+    d = {k: v for k, v in asdict(plan).items() if k != "rows"}
+    return d | {"rows": [r.as_dict() for r in plan.rows]}
+
+
 @dataclass(frozen=True)
 class PlanRow:
     """One set-up that fits: how it runs, its per-GPU peak and its estimated cost (chapter: 7)."""
@@ -197,12 +291,8 @@ class MemoryPlan:
     def reading(self) -> str:
         """The plan read from the top, in sentences computed from its rows (chapter: 7)."""
         if not self.rows:
-            return (f"Nothing fits: the smallest per-GPU peak is "
-                    f"{to_unit(self.smallest_peak_bytes, 'GiB'):.1f} GiB "
-                    f"({self.smallest_peak_label}).")
-        best = self.rows[0]
-        out = [f"The cheapest set-up is {best.label}, {best.gpu_seconds:.0f} GPU-seconds per "
-               f"optimizer step."]
+            return cheapest_words(self)
+        out = [cheapest_words(self)]
         by = {t: [r for r in self.rows if r.trains == t] for t in TRAINS}
         if by["full"] and (by["lora"] or by["qlora"]):
             a = min((r for r in self.rows if r.trains != "full"), key=lambda r: r.gpu_seconds)
@@ -259,27 +349,11 @@ class MemoryPlan:
 
     def as_dict(self) -> dict:
         """The plan as a plain dict (chapter: 7)."""
-        d = {k: v for k, v in asdict(self).items() if k != "rows"}
-        return d | {"rows": [r.as_dict() for r in self.rows]}
+        return plan_dict(self)
 
     def table(self, limit: int | None = 15, unit: str = "GiB") -> str:
         """The cheapest set-ups as text: label, per-GPU peak, FLOPs and estimated cost (chapter: 7)."""
-        head = (f"{self.model} ({self.parameters:,} parameters) on {self.gpu} "
-                f"({to_unit(self.usable_bytes, unit):.1f} {unit} usable), global batch "
-                f"{self.global_batch} x {self.seq_len}: {len(self.rows)} of {self.tried} set-ups "
-                f"fit (estimated; cost assumes MFU {self.mfu:.0%}, no overlap)")
-        shown = self.rows[:limit] if limit else self.rows
-        w = max([len(r.label) for r in shown] + [6]) + 2
-        lines = [head, f"{'#':>3}  {'set-up':<{w}}{'peak ' + unit:>10}{'PFLOP':>9}{'step s':>9}"
-                       f"{'GPU-s':>9}"]
-        for i, r in enumerate(shown, 1):
-            lines.append(f"{i:>3}  {r.label:<{w}}{to_unit(r.per_gpu_peak_bytes, unit):>10.1f}"
-                         f"{r.flops_per_step / 1e15:>9.1f}{r.step_s:>9.2f}{r.gpu_seconds:>9.1f}")
-        if not self.rows:
-            lines.append(f"nothing fits: the smallest per-GPU peak is "
-                         f"{to_unit(self.smallest_peak_bytes, unit):.1f} {unit} "
-                         f"({self.smallest_peak_label})")
-        return "\n".join(lines)
+        return plan_table(self, cost_columns(unit), limit=limit, unit=unit)
 
 
 def _powers_of_two_dividing(n: int) -> list[int]:
@@ -401,8 +475,7 @@ def step_cost(model: ModelConfig | str, gpu: GPU | str, *, trains: str, zero_sta
     check_positive_int("micro_batch", micro_batch)
     check_positive_int("grad_accum", grad_accum)
     check_positive_int("seq_len", seq_len)
-    if isinstance(mfu, bool) or not isinstance(mfu, Real) or not 0 < mfu <= 1:
-        raise MemlabError(f"mfu must be a number in (0, 1], got {mfu!r}")
+    check_mfu(mfu)
     if trains != "full" and (stage != 0 or offload not in ADAPTER_OFFLOADS):
         raise MemlabError(f"trains {trains!r} runs data parallel, offloading at most its "
                           f"checkpointed activations; got ZeRO-{stage}, offload {offload!r}; "
@@ -466,15 +539,7 @@ def plan_training(model: ModelConfig | str, gpu: GPU | str, *, global_batch: int
     ``cpu_step`` is the offloaded optimizer step's rate (None:
     :func:`memlab.compute.offload.default_cpu_step_rate`).
     """
-    cfg = get_config(model) if isinstance(model, str) else model
-    if not isinstance(cfg, ModelConfig):
-        raise MemlabError(f"model must be a preset name or a ModelConfig, got {model!r}")
-    g = get_gpu(gpu)
-    check_positive_int("global_batch", global_batch)
-    check_positive_int("seq_len", seq_len)
-    if seq_len > cfg.max_seq_len:
-        raise MemlabError(f"seq_len {seq_len} exceeds max_seq_len {cfg.max_seq_len} of model "
-                          f"{cfg.name!r}")
+    cfg, g = plan_inputs(model, gpu, global_batch, seq_len)
     if isinstance(trains, str):
         trains = (trains,)
     for t in trains:
@@ -484,8 +549,7 @@ def plan_training(model: ModelConfig | str, gpu: GPU | str, *, global_batch: int
         optimizers = (optimizers,)
     for o in optimizers:
         check_choice("optimizer", o, SHARDED_OPTIMIZERS)
-    if isinstance(mfu, bool) or not isinstance(mfu, Real) or not 0 < mfu <= 1:
-        raise MemlabError(f"mfu must be a number in (0, 1], got {mfu!r}")
+    check_mfu(mfu)
     link = host_link(host_link_name)
     rate = as_cpu_step_rate(cpu_step)
     precision = "bf16-mixed" if g.bf16_tensor_cores else "fp16-mixed"
@@ -518,14 +582,7 @@ def plan_training(model: ModelConfig | str, gpu: GPU | str, *, global_batch: int
                 smallest = (low, _label(t, stage, gpus, offload, ckpt, opt, chunks, cp))
             if low > g.usable_bytes:
                 continue
-            lo, hi = 0, len(sizes) - 1  # the largest micro-batch that fits
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if peak(sizes[mid]) <= g.usable_bytes:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            m = sizes[lo]
+            m = largest_fitting(sizes, peak, g.usable_bytes)  # the largest micro-batch that fits
             cost = step_cost(cfg, g, trains=t, zero_stage=stage, gpus=gpus, offload=offload,
                              checkpointing=ckpt, micro_batch=m, grad_accum=per_rank // m,
                              seq_len=seq_len, mfu=mfu, host_link_name=link.name, cpu_step=rate,

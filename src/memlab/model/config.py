@@ -406,6 +406,9 @@ HF_MOE_FIELDS: dict[str, tuple[HFField, ...]] = {
                 default=0.0),
     ),
 }
+# Keys that say a config.json has routed experts (DeepSeek-V2/V3, OLMoE, gpt-oss, Mixtral...)
+HF_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts",
+                  "num_experts_per_tok")
 HF_MOE_FIXED = {"mixtral": {"norm_topk_prob": True}, "qwen2_moe": {"shared_gate": True}}
 
 
@@ -474,6 +477,12 @@ def config_from_hf_dict(raw, source: str = "the config", name: str | None = None
         raise MemlabError(f"{source} must hold a JSON object")
     mtype = raw.get("model_type")
     if not isinstance(mtype, str) or mtype not in styles:
+        moe_families = [t for t in styles if t in HF_MOE_FIELDS]
+        if moe_families and any(k in raw for k in HF_EXPERT_KEYS):  # another family's experts
+            raise MemlabError(f"{source} has model_type {mtype!r}, a mixture of experts the "
+                              f"book's model does not build; accepted MoE families: "
+                              f"{', '.join(moe_families)} (dense: "
+                              f"{', '.join(t for t in styles if t not in HF_MOE_FIELDS)})")
         raise MemlabError(f"{source} has model_type {mtype!r}; accepted: {', '.join(styles)}")
     style = styles[mtype]
     if style == "llama":  # shapes this model cannot express are refused rather than counted wrongly
@@ -528,7 +537,7 @@ def check_dense(cfg: ModelConfig, what: str) -> ModelConfig:
     if getattr(cfg, "moe", None) is not None:  # (the page's walk passes a stand-in config)
         raise MemlabError(f"{what} models dense MLPs; {cfg.name!r} is a mixture of experts "
                           f"({cfg.moe.experts} experts, top {cfg.moe.top_k}): trace its step "
-                          f"(memlab trace) instead")
+                          f"(memlab trace) or estimate it with memlab.moe.estimate_moe instead")
     return cfg
 
 

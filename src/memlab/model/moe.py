@@ -73,6 +73,35 @@ class Routing:
 
 
 _TRACE_ROUTING: list[Routing] = []  # the routing of traces run inside trace_routing(...)
+_RECOMPUTING: list[bool] = []  # inside a checkpointed block's recomputation
+
+
+@contextlib.contextmanager
+def _recomputing():
+    _RECOMPUTING.append(True)
+    try:
+        yield
+    finally:
+        _RECOMPUTING.pop()
+
+
+def recompute_contexts():
+    """``context_fn`` of a checkpoint: a recomputed MoE forward keeps no balancing loss (chapter: 9).
+
+    The loss was taken in the first forward; keeping the recomputation's would hold its
+    graph (the block's recomputed tensors) alive until the next step.
+    """
+    return contextlib.nullcontext(), _recomputing()
+
+
+def keep_aux_loss(layer, aux) -> None:
+    """Set ``layer.aux_loss`` unless a checkpoint is recomputing the block (chapter: 9).
+
+    With ``aux_loss_coef`` 0 the loss is not trained: its value is kept without its graph,
+    which would otherwise hold what it saved (and a checkpoint's recomputed tensors) alive.
+    """
+    if not _RECOMPUTING:
+        layer.aux_loss = aux if layer.moe.aux_loss_coef else aux.detach()
 
 
 @contextlib.contextmanager
@@ -129,7 +158,7 @@ class MoE(nn.Module):
         routed = torch.zeros(E, dtype=torch.float32, device=h.device).scatter_add_(
             0, flat, torch.ones(N * k, dtype=torch.float32, device=h.device))  # (E,)
         # Switch Transformer's load-balancing loss: E · sum_e f_e · P_e (1 when balanced).
-        self.aux_loss = E * (routed / (N * k) * probs.mean(dim=0)).sum()
+        keep_aux_loss(self, E * (routed / (N * k) * probs.mean(dim=0)).sum())
         routing = self.routing
         if routing is None and isinstance(h, FakeTensor):  # a trace has no values to route by
             routing = _TRACE_ROUTING[-1] if _TRACE_ROUTING else Routing.balanced(E)

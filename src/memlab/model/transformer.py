@@ -27,7 +27,7 @@ from memlab.model.checkpoint import Checkpointing, parse_checkpointing
 from memlab.model.config import ModelConfig, get_config
 from memlab.model.flash import flash_attention
 from memlab.model.loss import chunked_lm_loss, lm_loss  # noqa: F401 - lm_loss's old home
-from memlab.model.moe import MoE
+from memlab.model.moe import MoE, recompute_contexts
 from memlab.model.offload import ActivationOffload
 
 
@@ -260,7 +260,8 @@ class Transformer(nn.Module):
             if self.checkpointing.recomputes_blocks and training:
                 for start, end, kept in self.checkpointing.units(len(self.blocks)):
                     if kept:  # keep only the unit's input; its forward runs again in the backward
-                        x = checkpoint(self._blocks, x, rope, start, end, use_reentrant=False)
+                        x = checkpoint(self._blocks, x, rope, start, end, use_reentrant=False,
+                                       context_fn=recompute_contexts)
                     else:
                         x = self._blocks(x, rope, start, end)
             else:

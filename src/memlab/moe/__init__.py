@@ -12,6 +12,7 @@ from memlab._lazy import lazy_exports
 __getattr__, __dir__ = lazy_exports(__name__, {
     "memlab.moe.ep_run": (
         "DEEPSEEK_V3_LIKE",
+        "all_to_all_step_bytes",
         "ExpertParallelBytes",
         "ExpertParallelRun",
         "all_to_all_bytes",
@@ -32,7 +33,11 @@ __getattr__, __dir__ = lazy_exports(__name__, {
         "reduce_gradients",
         "shard_experts",
     ),
-    "memlab.moe.estimate": ("estimate_moe",),
+    "memlab.moe.command": ("check_moe_flags", "moe_plan", "moe_step"),
+    "memlab.moe.plan": ("MoEPlan", "MoEPlanRow", "expert_parallel_degrees", "moe_step_cost",
+                        "plan_moe"),
+    "memlab.moe.estimate": ("ep_mlp_tensors", "estimate_moe", "moe_forward_high", "rank_rows",
+                            "rank_shape_groups", "rank_shapes"),
     "memlab.moe.saved": ("moe_mlp_tensors", "moe_saved_tensors", "moe_weight_numel"),
     "memlab.moe.where": ("RoutingBytes", "routing_bytes", "skewed_routing"),
 })

@@ -142,6 +142,26 @@ def expert_parallel_bytes(model, ranks: int, *, tokens: int, param_bytes: int = 
         regroup_index_bytes=layers * 2 * 8 * R)
 
 
+def all_to_all_step_bytes(cfg: ModelConfig, ranks: int, *, tokens: int, precision: str,
+                          checkpointing: bool, grad_accum_steps: int = 1) -> int:
+    """Bytes one rank sends to the others per optimizer step, all blocks (chapter: 9).
+
+    :func:`memlab.moe.ep_run.expert_parallel_bytes`'s payload per micro-batch (dispatch and
+    combine, forward and backward, rows in the residual stream's dtype), times the
+    micro-batches; full checkpointing runs every block's forward, so its two all-to-alls,
+    again in the backward pass.
+    """
+    from memlab.memory.activations import COMPUTE_BYTES, PARAM_BYTES
+
+    if ranks == 1:
+        return 0
+    b = expert_parallel_bytes(cfg, ranks, tokens=tokens, param_bytes=PARAM_BYTES[precision],
+                              compute_bytes=COMPUTE_BYTES[precision],
+                              row_bytes=PARAM_BYTES[precision])
+    one_way = b.all_to_all_sent_bytes // 2  # the forward's half
+    return grad_accum_steps * one_way * (3 if checkpointing else 2)
+
+
 def all_to_all_bytes(counts, d_model: int, dtype_bytes: int = 4, *, rank: int) -> dict[str, int]:
     """Bytes rank ``rank`` sends to other ranks in one block's step, by direction (chapter: 9).
 
@@ -451,13 +471,14 @@ def hot_shares(experts: int, ranks: int, share: float) -> list[float]:
 
 
 def trace_expert_parallel(model, ranks: int, *, batch_size: int = 1, seq_len: int = 1024,
-                          share: float | None = None, **switches):
+                          share: float | None = None, count_flops: bool = False, **switches):
     """One rank's training step with E/N experts, traced over a fake process group (chapter: 9).
 
     Rank 0 of a fake process group of ``ranks`` (its collectives return at once) runs :func:`memlab.measure.trace_step` on fake tensors, every
     block's MoE replaced by :class:`memlab.moe.expert_parallel.ExpertParallelMoE`, routing
     balanced, or with a share ``share`` of every rank's rows sent to this rank's experts
-    (:func:`hot_shares`). ``switches``: what :class:`StepSpec` takes (precision, optimizer, ...).
+    (:func:`hot_shares`). ``switches``: what :class:`StepSpec` takes (precision, optimizer, ...);
+    ``count_flops``: count this rank's FLOPs too, as :func:`trace_step` does.
     """
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -474,7 +495,8 @@ def trace_expert_parallel(model, ranks: int, *, batch_size: int = 1, seq_len: in
     try:  # W fake ranks, this one rank 0: collectives return at once, tensors keep their shapes
         return trace_step(StepSpec(cfg, batch_size=batch_size, seq_len=seq_len,
                                    prepare=_ShardForTrace(None if share is None else hot_shares(
-                                       cfg.moe.experts, ranks, share)), **switches))
+                                       cfg.moe.experts, ranks, share)), **switches),
+                          count_flops=count_flops)
     finally:
         dist.destroy_process_group()
 

@@ -32,7 +32,7 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 from memlab.errors import MemlabError, check_positive_int
-from memlab.model.moe import MoE, Routing
+from memlab.model.moe import MoE, Routing, keep_aux_loss
 
 STAT_KEYS = ("dispatch_forward", "combine_forward", "combine_backward", "dispatch_backward")
 
@@ -149,7 +149,7 @@ class ExpertParallelMoE(MoE):
             total = routed * W
             matrix = [counts[self.first:self.first + L]] * W
         # Switch Transformer's loss, the counts of the whole batch, this rank's probabilities
-        self.aux_loss = E * (total / (N * k * W) * probs.mean(dim=0)).sum()
+        keep_aux_loss(self, E * (total / (N * k * W) * probs.mean(dim=0)).sum())
         self.rows = counts
         order = flat.argsort(stable=True)  # (N·k,) rows sorted by expert, so by owning rank
         token = order // k

@@ -55,8 +55,10 @@ def moe_mlp_tensors(cfg: ModelConfig, B: int, T: int, precision: str,
     if m.norm_topk_prob:
         out += [t("top-k weights before renormalizing", "(N, k)", "fp32", N * k * 4),
                 t("sum of the top-k weights", "(N, 1)", "fp32", N * 4)]
-    out += [t("balancing loss: routed shares and mean probabilities", "2 x (E,)", "fp32", 8 * E),
-            t("rows sorted by expert (argsort order)", "(R,)", "int64", R * 8),
+    if m.aux_loss_coef:  # a loss not trained keeps no graph (memlab.model.moe.keep_aux_loss)
+        out.append(t("balancing loss: routed shares and mean probabilities", "2 x (E,)", "fp32",
+                     8 * E))
+    out += [t("rows sorted by expert (argsort order)", "(R,)", "int64", R * 8),
             t("token of each row", "(R,)", "int64", R * 8)]
     if mixed:
         out.append(t("dispatched rows cast to 16 bits, once per Linear (2)", "2 x (R, C)", "bf16",
