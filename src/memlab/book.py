@@ -33,6 +33,7 @@ PARTS = (
     Part("distributed", "chapters/06_distributed", "lab06", "Many devices"),
     Part("compute", "chapters/07_compute_for_memory", "lab07", "Trading compute for memory"),
     Part("longcontext", "chapters/08_long_context", "lab08", "Long context and large vocabularies"),
+    Part("moe", "chapters/09_mixture_of_experts", "lab09", "Mixture of experts"),
 )
 
 
