@@ -9,6 +9,7 @@
     memlab estimate ... --gpus N [--zero-stage 0-3] [--offload none|optimizer|params]
                                                  one of N data-parallel GPUs (ZeRO, FSDP)
     memlab estimate --model <MoE> ... [--expert-parallel N]   one of N expert-parallel ranks
+    memlab estimate --from-config <axolotl.yml|training_args.json> [flags that override it]
     memlab trace    (the same options)           measure under FakeTensorMode instead
     memlab bits <value> [--format <fmt>] [--json] how a value is stored (all formats by default)
     memlab record --budget S --out DIR [--device cuda|cpu] [--scale full|ci] [--only A,B]
@@ -197,14 +198,19 @@ def _cmd_unpack(args) -> int:
     return 0
 
 
+_FROM_CONFIG = ("an axolotl YAML or a TrainingArguments JSON to read the settings from (flags "
+                "override it; memlab.fromconfig)")
+
+
 def _plan_options(p: argparse.ArgumentParser) -> None:
     from memlab.gpus import GPU_NAMES
 
-    p.add_argument("--model", required=True, help="a preset or a path to a Hugging Face config.json")
+    p.add_argument("--model", help="a preset or a path to a Hugging Face config.json")
     p.add_argument("--gpu", required=True, help=f"one of: {', '.join(GPU_NAMES)} (any case)")
-    p.add_argument("--global-batch", type=int, required=True,
-                   help="sequences per optimizer step, over all GPUs")
-    p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--global-batch", type=int, help="sequences per optimizer step, over all GPUs "
+                   "(with --from-config: micro-batch x accumulation x --gpus N by default)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence")
+    p.add_argument("--from-config", metavar="FILE", help=_FROM_CONFIG)
     p.add_argument("--trains", default="full,lora,qlora",
                    help="comma-separated: full, lora, qlora (default: all three)")
     p.add_argument("--gpus", default=None,
@@ -300,10 +306,11 @@ def _cmd_bits(args) -> int:
 def _step_options(p: argparse.ArgumentParser, estimate: bool) -> None:
     from memlab.model.config import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, PRESETS
 
-    p.add_argument("--model", required=True,
-                   help=f"a preset ({', '.join(PRESETS)}) or a path to a Hugging Face config.json")
-    p.add_argument("--batch-size", type=int, required=True, help="sequences per micro-batch")
-    p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--model", help=f"a preset ({', '.join(PRESETS)}) or a path to a Hugging Face "
+                                   "config.json")
+    p.add_argument("--batch-size", type=int, help="sequences per micro-batch")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence")
+    p.add_argument("--from-config", metavar="FILE", help=_FROM_CONFIG)
     p.add_argument("--precision", default=None,
                    help=f"one of: {', '.join(PRECISIONS)} (default fp32; bf16 with --inference)")
     p.add_argument("--optimizer", default=None,
@@ -596,7 +603,8 @@ def _finetune_setup(args, cfg):
     if args.lora_targets is not None and not args.lora_targets.strip():
         raise MemlabError("--lora-targets needs module names (q_proj,v_proj) or all-linear")
     lora = LoraConfig(r=args.lora_rank, alpha=16.0 if args.lora_alpha is None else args.lora_alpha,
-                      target_modules=args.lora_targets or ("q_proj", "v_proj"))
+                      target_modules=args.lora_targets or ("q_proj", "v_proj"),
+                      dropout=getattr(args, "lora_dropout", 0.0))
     trainable = trainable_parameters(cfg, lora=lora)
     if args.quantize_base is not None:
         check_choice("base quantization", args.quantize_base, BASE_SCHEMES)
@@ -666,6 +674,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "run":
             return _cmd_run(args, argv)
+        if args.command in ("estimate", "trace", "plan"):  # the settings --from-config FILE holds
+            from memlab.fromconfig import settle_args
+
+            for line in settle_args(args, argv, args.command):
+                print(f"memlab: {line}", file=sys.stderr)
         if args.command in ("estimate", "trace"):
             return _cmd_step(args, args.command)
         if args.command == "plan":

@@ -303,6 +303,39 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+# The hub ids of the presets' published checkpoints (base and instruct share a shape), lower-cased:
+# what an axolotl config's ``base_model`` names (memlab.fromconfig).
+HUB_IDS: dict[str, str] = {
+    "tinyllama/tinyllama-1.1b-intermediate-step-1431k-3t": "llama-1b",
+    "tinyllama/tinyllama_v1.1": "llama-1b",
+    "tinyllama/tinyllama-1.1b-chat-v1.0": "llama-1b",
+    "openai-community/gpt2": "gpt2",
+    "openai-community/gpt2-xl": "gpt2-xl",
+    "meta-llama/llama-2-7b-hf": "llama2-7b",
+    "meta-llama/llama-2-7b-chat-hf": "llama2-7b",
+    "meta-llama/llama-2-13b-hf": "llama2-13b",
+    "meta-llama/llama-2-13b-chat-hf": "llama2-13b",
+    "meta-llama/llama-2-70b-hf": "llama2-70b",
+    "meta-llama/llama-2-70b-chat-hf": "llama2-70b",
+    "meta-llama/meta-llama-3-8b": "llama3-8b",
+    "meta-llama/meta-llama-3-8b-instruct": "llama3-8b",
+    "meta-llama/llama-3.1-8b": "llama3.1-8b",
+    "meta-llama/llama-3.1-8b-instruct": "llama3.1-8b",
+    "meta-llama/meta-llama-3.1-8b": "llama3.1-8b",
+    "meta-llama/meta-llama-3.1-8b-instruct": "llama3.1-8b",
+    "meta-llama/llama-3.1-405b": "llama3-405b",
+    "meta-llama/meta-llama-3.1-405b": "llama3-405b",
+    "qwen/qwen2.5-7b": "qwen2.5-7b",
+    "qwen/qwen2.5-7b-instruct": "qwen2.5-7b",
+    "mistralai/mixtral-8x7b-v0.1": "mixtral-8x7b",
+    "mistralai/mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
+    "qwen/qwen1.5-moe-a2.7b": "qwen1.5-moe-a2.7b",
+    "qwen/qwen1.5-moe-a2.7b-chat": "qwen1.5-moe-a2.7b",
+    "mistralai/mistral-7b-v0.1": "mistral-7b",
+    "mistralai/mistral-7b-instruct-v0.2": "mistral-7b",
+}
+
+
 def get_config(name_or_path: str | Path, **overrides) -> ModelConfig:
     """Return a preset's config, or load a Hugging Face ``config.json`` from disk (chapter: 1)."""
     key = str(name_or_path)
