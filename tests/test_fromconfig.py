@@ -320,3 +320,29 @@ def test_required_flags_without_a_config(cli_error):
     cli_error(["estimate", "--model", "tiny"], "required", "--batch-size, --seq-len",
               "--from-config")
     cli_error(["plan", "--gpu", "H100", "--seq-len", "64"], "--model, --global-batch")
+
+
+def test_every_hub_id_names_a_preset():
+    from memlab.fromconfig import preset_of
+    from memlab.model.config import HUB_IDS, PRESETS
+
+    assert set(HUB_IDS.values()) <= set(PRESETS)
+    assert preset_of("Qwen/Qwen2.5-7B-Instruct", "x.yml") == "qwen2.5-7b"  # any case
+    assert preset_of("tiny", "x.yml") == "tiny"  # a preset by its own name
+
+
+def test_trace_names_the_sharding_it_leaves_out(tmp_path, capsys):
+    (tmp_path / "ds").mkdir()
+    _write(tmp_path, "ds/zero2.json", {"zero_optimization": {"stage": 2}})
+    path = _write(tmp_path, "tiny.yml", "base_model: tiny\nsequence_len: 64\nmicro_batch_size: 2\n"
+                                        "deepspeed: ds/zero2.json\nbf16: true\n")
+    got, err = _json(["trace", "--from-config", path], capsys)
+    assert "deepspeed at ZeRO stage 2 (a trace is of one process)" in err
+    want, _ = _json(["trace", "--model", "tiny", "--batch-size", "2", "--seq-len", "64",
+                     "--precision", "bf16-mixed"], capsys)
+    assert got["peak_bytes"] == want["peak_bytes"]
+
+
+def test_bf16_and_fp16_together_refused(tmp_path, cli_error):
+    path = _write(tmp_path, "both.yml", LORA_YML.replace("fp16:\n", "fp16: true\n"))
+    cli_error(["estimate", "--from-config", path], "both bf16 and fp16")
