@@ -34,7 +34,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from memlab.errors import MemlabError, check_positive_int
+from memlab.errors import MemlabError, check_positive_int, require
 
 # transformers' optimizer names (OptimizerNames) memlab models -> (optimizer, implementation)
 OPTIMIZER_NAMES: dict[str, tuple[str, str | None]] = {
@@ -130,8 +130,7 @@ def _load(path: Path) -> tuple[dict, str]:
         except json.JSONDecodeError as exc:
             raise MemlabError(f"{path} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
     else:
-        import yaml
-
+        yaml = require("yaml", "reading an axolotl YAML", extra="config")
         try:
             raw = yaml.safe_load(text)
         except yaml.YAMLError as exc:
