@@ -346,3 +346,14 @@ def test_trace_names_the_sharding_it_leaves_out(tmp_path, capsys):
 def test_bf16_and_fp16_together_refused(tmp_path, cli_error):
     path = _write(tmp_path, "both.yml", LORA_YML.replace("fp16:\n", "fp16: true\n"))
     cli_error(["estimate", "--from-config", path], "both bf16 and fp16")
+
+
+def test_qlora_over_fsdp_names_the_sharding(tmp_path, capsys):
+    text = QLORA_YML.replace("NousResearch/Llama-2-7b-hf", "meta-llama/Llama-2-7b-hf")
+    path = _write(tmp_path, "qlora-fsdp.yml", text + "fsdp:\n  - full_shard\n  - auto_wrap\n"
+                                                      "fsdp_config:\n  fsdp_offload_params: true\n")
+    got, err = _json(["estimate", "--from-config", path], capsys)
+    assert "fsdp at ZeRO stage 3 (a LoRA set-up is estimated on one GPU)" in err
+    assert err.count("\n") == 1
+    one_gpu, _ = _json(["estimate", "--from-config", _write(tmp_path, "q.yml", text)], capsys)
+    assert got == one_gpu

@@ -87,6 +87,7 @@ class TrainingSettings:
     lora_dropout: float
     quantize_base: str | None
     zero_stage: int | None
+    sharding: str | None  # deepspeed or fsdp: what sets zero_stage
     offload: str | None  # none, optimizer, params
     layout: str | None
     unmodelled: tuple[str, ...]
@@ -292,6 +293,8 @@ def read_training_config(path: str | Path) -> TrainingSettings:
         unmodelled.append(f"{optim}'s paging (states kept on the GPU)")
     optimizer, impl = OPTIMIZER_NAMES[optim]
     ckpt = raw.get("gradient_checkpointing")
+    if isinstance(ckpt, str) and ckpt.lower() in ("true", "false"):
+        ckpt = ckpt.lower() == "true"
     if ckpt not in CHECKPOINTING:
         raise MemlabError(f"gradient_checkpointing {ckpt!r} in {source}; accepted: true, false, "
                           "offload, unsloth")
@@ -317,7 +320,8 @@ def read_training_config(path: str | Path) -> TrainingSettings:
         source=source, kind=kind, model=None if model is None else str(model), batch_size=batch,
         seq_len=seq_len, grad_accum=accum, precision=precision, optimizer=optimizer,
         optimizer_impl=impl, attention=attention, checkpointing=checkpointing,
-        offload_activations=offload_activations, zero_stage=stage, offload=offload,
+        offload_activations=offload_activations, zero_stage=stage, sharding=sharded_by,
+        offload=offload,
         layout=layout, unmodelled=tuple(unmodelled), **lora)
 
 
@@ -377,7 +381,7 @@ def _settle_step(args, argv: list[str], s: TrainingSettings, notes: list[str]) -
     values = s.as_dict()
     lora = s.lora_rank is not None or _given(argv, "--lora-rank")
     sharded = s.zero_stage is not None and not _given(argv, "--zero-stage")
-    what = f"{'deepspeed' if s.layout == 'mixed' else 'sharding'} at ZeRO stage {s.zero_stage}"
+    what = f"{s.sharding} at ZeRO stage {s.zero_stage}"
     if sharded and (lora or not hasattr(args, "zero_stage")):
         why = "a LoRA set-up is estimated on one GPU" if lora else "a trace is of one process"
         notes.append(f"{what} ({why})")
