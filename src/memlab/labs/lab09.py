@@ -244,28 +244,19 @@ def counted_dispatch_bytes(case: str) -> int:
     One MoE block, balanced routing, as rank 0 of a fake process group of ``ranks`` (its
     all-to-alls return at once; the block counts the rows and bytes it hands them).
     """
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
+    from memlab.distributed.traced import fake_process_group
     from memlab.moe.expert_parallel import ExpertParallelMoE
 
     check_choice("case", case, COUNTED_DISPATCH_CASES)
     c = DISPATCH_CASES[case]
     cfg = _config(c["model"])
-    if dist.is_initialized():
-        raise MemlabError("a process group is already initialized: count the dispatch in a "
-                          "process without one")
     torch.manual_seed(0)
     layer = MoE(cfg.d_model, cfg.moe).to(DTYPES[c["dtype"]])
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=c["ranks"])
-    try:
+    with fake_process_group(c["ranks"], "count the dispatch"), torch.no_grad():
         ep = ExpertParallelMoE(layer)
         ep.routing = Routing.balanced(cfg.moe.experts)
-        with torch.no_grad():
-            ep(torch.randn(1, c["tokens"], cfg.d_model, dtype=DTYPES[c["dtype"]]))
+        ep(torch.randn(1, c["tokens"], cfg.d_model, dtype=DTYPES[c["dtype"]]))
         return ep.stats["dispatch_forward"]
-    finally:
-        dist.destroy_process_group()
 
 
 def expected_dispatch_bytes(case: str) -> int:

@@ -484,25 +484,17 @@ def trace_expert_parallel(model, ranks: int, *, batch_size: int = 1, seq_len: in
     (:func:`hot_shares`). ``switches``: what :class:`StepSpec` takes (precision, optimizer, ...);
     ``count_flops``: count this rank's FLOPs too, as :func:`trace_step` does.
     """
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
+    from memlab.distributed.traced import fake_process_group
     from memlab.measure.step import trace_step
     from memlab.model.step import StepSpec
 
     cfg = moe_config(model)
     check_expert_parallel(cfg.moe.experts, ranks)
-    if dist.is_initialized():
-        raise MemlabError("a process group is already initialized: trace expert parallelism "
-                          "in a process without one")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ranks)
-    try:  # W fake ranks, this one rank 0: collectives return at once, tensors keep their shapes
+    with fake_process_group(ranks, "trace expert parallelism"):  # tensors keep their shapes
         return trace_step(StepSpec(cfg, batch_size=batch_size, seq_len=seq_len,
                                    prepare=_ShardForTrace(None if share is None else hot_shares(
                                        cfg.moe.experts, ranks, share)), **switches),
                           count_flops=count_flops)
-    finally:
-        dist.destroy_process_group()
 
 
 # DeepSeek-V3's mixture of experts (DeepSeek-AI 2024, arXiv 2412.19437: 256 routed experts of
