@@ -3,7 +3,7 @@
 `jupyter-book build` executes every notebook (and keeps its widgets' state for the HTML) and
 stores each executed notebook, outputs as the kernel sent them, in its jupyter-cache
 (``_build/.jupyter_cache``). With ``--nbval-executed DIR`` (that cache, or a folder of executed
-copies laid out like the sources), nbval's own collector, cell markers (``# NBVAL_CHECK_OUTPUT``
+copies laid out like the sources), nbval's own collector, cell tags (``nbval-check-output``
 ...), sanitizers and output comparison check each notebook against those outputs instead of
 starting a kernel to run it a second time. Without the option, ``--nbval-lax`` runs the
 notebooks itself as usual.
@@ -11,7 +11,7 @@ notebooks itself as usual.
 A lab's instructor version (``labs/labNN_*.ipynb``) is not in the book: the book executes its
 student version (``labs/student/``, solutions and hidden tests out). The instructor version is
 checked against that execution cell for cell (a student version keeps every code cell, in
-order): each cell the two versions share is checked as above (no error; ``# NBVAL_CHECK_OUTPUT``
+order): each cell the two versions share is checked as above (no error; ``nbval-check-output``
 outputs equal the instructor version's; a cell under ``lab.reveal`` must print only its lock
 line, since no check passes there), and the answer and check cells, which differ, are not
 collected here: ``tests/labs/test_nbgrader.py`` autogrades the instructor version (every check
@@ -81,7 +81,7 @@ def _replay_file_class():
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.compare_outputs = False  # lax: only cells marked # NBVAL_CHECK_OUTPUT
+            self.compare_outputs = False  # lax: only cells tagged nbval-check-output
 
         def setup(self):
             root = Path(self.config.rootpath)

@@ -2,7 +2,7 @@
 
     python scripts/run_notebooks.py chapters/00_toolkit.ipynb labs/lab00_measure_step.ipynb
 
-nbval compares the cells marked ``# NBVAL_CHECK_OUTPUT`` against these stored outputs.
+nbval compares the cells tagged ``nbval-check-output`` against these stored outputs.
 """
 
 from __future__ import annotations

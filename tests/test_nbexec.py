@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
+import memlab
 from memlab.nbexec import cell_source, code_cells, done_in, notebooks_under, run_notebooks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,13 +33,23 @@ def gpu_imports(path: Path) -> set[str]:
             for p in r.get("imported", [])}
 
 
-def colab_extras(path: Path) -> set[str] | None:
-    """The extras a notebook's Colab cell installs, or None if it has no Colab cell."""
+COLAB_INSTALL = re.compile(r'pip install -q "memlab-book(?:\[([a-z,]+)\])?==([^"]+)"')
+
+
+def colab_install(path: Path) -> tuple[set[str], str] | None:
+    """The extras and version a notebook's Colab cell installs, or None without a Colab cell."""
     for source in code_cells(path):
         if source and "google.colab" in source:
-            m = re.search(r"memlab(?:\[([a-z,]+)\])? @", source)
-            return set(m.group(1).split(",")) if m and m.group(1) else set()
+            m = COLAB_INSTALL.search(source)
+            assert m and "git+" not in source, f"{path.name}: {source!r}"
+            return set(m.group(1).split(",")) if m.group(1) else set(), m.group(2)
     return None
+
+
+def colab_extras(path: Path) -> set[str] | None:
+    """The extras a notebook's Colab cell installs, or None if it has no Colab cell."""
+    found = colab_install(path)
+    return None if found is None else found[0]
 
 
 def _notebook(path: Path, *cells: str) -> Path:
@@ -89,9 +100,12 @@ def test_time_limit_budget_and_skipping(tmp_path):
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_notebook_has_a_colab_cell(notebook):
-    extras = colab_extras(notebook)
-    assert extras is not None, f"{notebook.name} has no Colab cell"
+    found = colab_install(notebook)
+    assert found is not None, f"{notebook.name} has no Colab cell"
+    extras, version = found
     assert extras <= set(EXTRA_PACKAGES), extras
+    # the released wheel of the book's own version, not the repository's main branch
+    assert version == memlab.__version__, (notebook.name, version)
 
 
 def test_every_notebook_is_found():

@@ -1,6 +1,6 @@
 """The numbers chapters 2 and 3 show from training runs, checked with a stated tolerance.
 
-nbval compares a checked notebook output (``# NBVAL_CHECK_OUTPUT``) character for character,
+nbval compares a checked notebook output (a cell tagged ``nbval-check-output``) character for character,
 so a checked cell shows only what is exact on every CPU: bytes, bits, counts, verdict levels.
 Numbers from training runs (losses, accuracies, gradient underflow shares, layer errors,
 learned step sizes) move in the 3rd or 4th significant digit with the CPU's SIMD kernels

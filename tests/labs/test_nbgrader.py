@@ -5,7 +5,7 @@ student versions (``generate_assignment``) and autogrades two submissions: the i
 versions, which must score full marks, and the released student versions, which must run to the
 end and score 0 (their checks say "not attempted"; the autograder's hidden asserts are what
 fail). A cell under ``lab.reveal`` shows its numbers in the instructor's run, equal to the
-outputs saved with ``# NBVAL_CHECK_OUTPUT``, and only its lock line in the student's run. A released version must also be, cell for cell, what :mod:`memlab.labs.student`
+outputs saved in cells tagged ``nbval-check-output``, and only its lock line in the student's run. A released version must also be, cell for cell, what :mod:`memlab.labs.student`
 (``make student``) writes.
 """
 
@@ -165,7 +165,7 @@ def test_revealed_cells_show_their_numbers_only_after_the_check(course, notebook
             continue
         if student == "student":
             assert _outputs_text(ran) == "".join(locked_line(x) + "\n" for x in ids), f"cell {i}"
-        elif "# NBVAL_CHECK_OUTPUT" in _source(ours):
+        elif "nbval-check-output" in ours.get("metadata", {}).get("tags", []):
             assert _outputs_text(ran) == _outputs_text(ours), f"cell {i}: saved outputs are stale"
         else:
             assert not any(locked_line(x) in _outputs_text(ran) for x in ids), f"cell {i}"

@@ -16,6 +16,7 @@ backward (ZeRO-2).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 
 import torch
@@ -32,6 +33,27 @@ TRACED_PRECISIONS = ("fp32", "bf16-mixed")  # bf16-mixed: bf16 gathered paramete
 # Optimizers a sharded step is traced with (on fake tensors: not bitsandbytes' 8-bit kernels).
 TRACED_OPTIMIZERS = ("adamw", "adam", "adamw-bf16-moments", "adafactor")
 
+
+
+@contextlib.contextmanager
+def fake_process_group(world: int, what: str):
+    """A fake process group of ``world`` ranks in this process, as rank 0 (chapters: 6, 8, 9).
+
+    Its collectives return at once and move nothing, so one rank's step runs (or is traced)
+    without the others. ``what`` names the work in the one-line error when a group exists.
+    """
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    check_positive_int("world", world)
+    if dist.is_initialized():
+        raise MemlabError(f"a process group is already initialized: {what} in a process "
+                          "without one")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 @dataclass(frozen=True)
 class ShardedTrace:

@@ -29,6 +29,7 @@ from memlab.labs.grader import answer_number, define_lab, named_slip
 from memlab.model.config import ModelConfig, MoEConfig, get_config, param_groups
 from memlab.model.moe import MoE, Routing
 from memlab.moe.ep_run import DEEPSEEK_V3_LIKE, all_to_all_bytes, expert_parallel_bytes
+from memlab.moe.measured import HotExpert
 
 # Exercise 9.1: the presets and two configs the chapter does not show.
 SWITCH_LIKE = replace(get_config("tiny-moe"), name="switch-like (8 experts, top 1)",
@@ -99,15 +100,15 @@ def counted_parameters(case: str) -> tuple[int, int]:
     Active: every parameter less those of the E - k experts of each block a token does not
     reach (each expert's size counted on the model).
     """
-    from memlab.model.transformer import build_model
+    from memlab.model.transformer import build_model, count_parameters
 
     cfg = param_case_args(case)["cfg"]
     model = build_model(cfg, device="meta")
-    total = sum(p.numel() for p in model.parameters())
+    total = count_parameters(model)
     unused = 0
     for block in model.modules():
         if isinstance(block, MoE):
-            per_expert = sum(p.numel() for p in block.experts[0].parameters())
+            per_expert = count_parameters(block.experts[0])
             unused += (block.moe.experts - block.moe.top_k) * per_expert
     return total, total - unused
 
@@ -243,28 +244,19 @@ def counted_dispatch_bytes(case: str) -> int:
     One MoE block, balanced routing, as rank 0 of a fake process group of ``ranks`` (its
     all-to-alls return at once; the block counts the rows and bytes it hands them).
     """
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
+    from memlab.distributed.traced import fake_process_group
     from memlab.moe.expert_parallel import ExpertParallelMoE
 
     check_choice("case", case, COUNTED_DISPATCH_CASES)
     c = DISPATCH_CASES[case]
     cfg = _config(c["model"])
-    if dist.is_initialized():
-        raise MemlabError("a process group is already initialized: count the dispatch in a "
-                          "process without one")
     torch.manual_seed(0)
     layer = MoE(cfg.d_model, cfg.moe).to(DTYPES[c["dtype"]])
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=c["ranks"])
-    try:
+    with fake_process_group(c["ranks"], "count the dispatch"), torch.no_grad():
         ep = ExpertParallelMoE(layer)
         ep.routing = Routing.balanced(cfg.moe.experts)
-        with torch.no_grad():
-            ep(torch.randn(1, c["tokens"], cfg.d_model, dtype=DTYPES[c["dtype"]]))
+        ep(torch.randn(1, c["tokens"], cfg.d_model, dtype=DTYPES[c["dtype"]]))
         return ep.stats["dispatch_forward"]
-    finally:
-        dist.destroy_process_group()
 
 
 def expected_dispatch_bytes(case: str) -> int:
@@ -318,9 +310,7 @@ def _capacity_layer() -> tuple[MoE, torch.Tensor]:
     torch.manual_seed(CAPACITY_JOB["seed"])
     layer = MoE(cfg.d_model, cfg.moe)
     x = torch.randn(CAPACITY_JOB["batch_size"], CAPACITY_JOB["seq_len"], cfg.d_model)
-    hot = torch.zeros(cfg.moe.experts)
-    hot[0] = CAPACITY_JOB["hot_logit"]
-    layer.router.register_forward_hook(lambda module, inputs, out: out + hot)
+    HotExpert(CAPACITY_JOB["hot_logit"])(layer)  # expert 0's logit raised a little
     return layer, x
 
 

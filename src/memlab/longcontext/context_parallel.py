@@ -56,17 +56,11 @@ def fake_ring(world: int):
     Sends and receives return at once and move nothing: under FakeTensorMode one rank's step is
     traced, the ring's buffers included, without the other ranks.
     """
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from memlab.distributed.traced import fake_process_group
 
     check_positive_int("context_parallel", world)
-    if dist.is_initialized():
-        raise MemlabError("a process group is already initialized: trace context parallelism "
-                          "in a process without one")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    try:
+    with fake_process_group(world, "trace context parallelism"):
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 def trace_context_parallel(model, *, seq_len: int, ranks: int, batch_size: int = 1,

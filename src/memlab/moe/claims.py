@@ -17,9 +17,9 @@ B = 1e9
 
 def _counted(cfg) -> int:
     """Parameters counted by PyTorch on the model built on the meta device."""
-    from memlab.model.transformer import build_model
+    from memlab.model.transformer import build_model, count_parameters
 
-    return sum(p.numel() for p in build_model(cfg, device="meta").parameters())
+    return count_parameters(build_model(cfg, device="meta"))
 
 
 def _dense_sibling(cfg):
@@ -176,10 +176,10 @@ def c51_evidence(model: str = "mixtral-8x7b", ranks: int = 8, tokens: int = 4096
     ``expert-parallel`` experiment) gives each rank's measured bytes against the formula.
     """
     from memlab.memory.activations import PARAM_BYTES
-    from memlab.moe.ep_run import DEEPSEEK_V3_LIKE, expert_parallel_bytes, trace_expert_parallel
+    from memlab.moe.ep_run import expert_parallel_bytes, moe_config, trace_expert_parallel
     from memlab.moe.experiments import expert_parallel_experiment
 
-    cfg = DEEPSEEK_V3_LIKE if model == DEEPSEEK_V3_LIKE.name else get_config(model)
+    cfg = moe_config(model)
     pb = PARAM_BYTES[precision]
     traced = trace_expert_parallel(cfg, ranks, batch_size=1, seq_len=tokens, precision=precision)
     f = expert_parallel_bytes(cfg, ranks, tokens=tokens, param_bytes=pb)

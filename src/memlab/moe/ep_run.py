@@ -25,8 +25,12 @@ LR = 1e-2
 ADAM_STEP_BYTES = 4  # torch's AdamW keeps one fp32 step count per tensor (on the CPU)
 
 
-def _config(model) -> ModelConfig:
-    cfg = get_config(model) if isinstance(model, str) else model
+def moe_config(model) -> ModelConfig:
+    """An MoE config: itself, a preset's, or the DeepSeek-V3-like one by name (chapter: 9)."""
+    if isinstance(model, str):
+        cfg = DEEPSEEK_V3_LIKE if model == DEEPSEEK_V3_LIKE.name else get_config(model)
+    else:
+        cfg = model
     if cfg.moe is None:
         raise MemlabError(f"expert parallelism needs a model with experts, got {cfg.name!r}")
     return cfg
@@ -112,7 +116,7 @@ def expert_parallel_bytes(model, ranks: int, *, tokens: int, param_bytes: int = 
     its N·k·(1 - s) remote rows and returns the (N - 1)·N·k·s rows others sent it, and the
     backward pass sends as many gradient rows the other way.
     """
-    cfg = _config(model)
+    cfg = moe_config(model)
     m = cfg.moe
     L = check_expert_parallel(m.experts, ranks)
     if dense_zero_stage not in (0, 1, 2, 3):
@@ -320,7 +324,7 @@ def one_process(model, *, steps: int, batch_size: int, seq_len: int, lr: float =
     from memlab.distributed.runs import batches
     from memlab.model.transformer import build_model, model_loss
 
-    cfg = _config(model)
+    cfg = moe_config(model)
     net = build_model(cfg, seed=0)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.0, foreach=True)
     losses = []
@@ -390,7 +394,7 @@ def expert_parallel_run(world: int = 2, *, model: str = "tiny-moe", steps: int =
     """
     from memlab.distributed.launch import launch
 
-    cfg = _config(model)
+    cfg = moe_config(model)
     check_expert_parallel(cfg.moe.experts, check_positive_int("world", world))
     with tempfile.TemporaryDirectory(prefix="memlab-ep-") as tmp:
         spec = dict(model=model, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=LR,
@@ -480,25 +484,17 @@ def trace_expert_parallel(model, ranks: int, *, batch_size: int = 1, seq_len: in
     (:func:`hot_shares`). ``switches``: what :class:`StepSpec` takes (precision, optimizer, ...);
     ``count_flops``: count this rank's FLOPs too, as :func:`trace_step` does.
     """
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
+    from memlab.distributed.traced import fake_process_group
     from memlab.measure.step import trace_step
     from memlab.model.step import StepSpec
 
-    cfg = _config(model)
+    cfg = moe_config(model)
     check_expert_parallel(cfg.moe.experts, ranks)
-    if dist.is_initialized():
-        raise MemlabError("a process group is already initialized: trace expert parallelism "
-                          "in a process without one")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ranks)
-    try:  # W fake ranks, this one rank 0: collectives return at once, tensors keep their shapes
+    with fake_process_group(ranks, "trace expert parallelism"):  # tensors keep their shapes
         return trace_step(StepSpec(cfg, batch_size=batch_size, seq_len=seq_len,
                                    prepare=_ShardForTrace(None if share is None else hot_shares(
                                        cfg.moe.experts, ranks, share)), **switches),
                           count_flops=count_flops)
-    finally:
-        dist.destroy_process_group()
 
 
 # DeepSeek-V3's mixture of experts (DeepSeek-AI 2024, arXiv 2412.19437: 256 routed experts of
@@ -528,7 +524,7 @@ def expert_parallel_table(models=("mixtral-8x7b", "deepseek-v3-like"), *, tokens
 
     rows = []
     for name in models:
-        cfg = DEEPSEEK_V3_LIKE if name == DEEPSEEK_V3_LIKE.name else get_config(name)
+        cfg = moe_config(name)
         for n in (ranks or FULL_SIZE)[name]:
             b = expert_parallel_bytes(cfg, n, tokens=tokens, param_bytes=PARAM_BYTES[precision],
                                       compute_bytes=COMPUTE_BYTES[precision],
