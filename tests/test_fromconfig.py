@@ -178,10 +178,17 @@ def _write(tmp_path, name, text):
     return str(path)
 
 
-def _json(argv, capsys):
+def _json(argv, capsys, settings=None):
+    """The command's JSON object without ``from_config`` (put in ``settings`` when given), and
+    what it wrote to standard error."""
     assert main(argv + ["--json"]) == 0, capsys.readouterr().err
     out = capsys.readouterr()
-    return json.loads(out.out), out.err
+    got = json.loads(out.out)
+    from_config = got.pop("from_config", None)
+    assert (from_config is None) == ("--from-config" not in argv)
+    if settings is not None:
+        settings.update(from_config)
+    return got, out.err
 
 
 def test_lora_yaml_equals_its_flags(tmp_path, capsys):
@@ -265,13 +272,13 @@ def test_training_arguments_json(tmp_path, capsys, cli_error):
     s = read_training_config(path)
     assert (s.kind, s.batch_size, s.grad_accum, s.precision, s.zero_stage) == (
         "training-arguments", 4, 8, "bf16-mixed", None)
-    assert s.unmodelled == ("neftune_noise_alpha", "torch_compile")
+    assert s.unmodelled == ("torch_compile", "neftune_noise_alpha")  # in the file's order
     cli_error(["estimate", "--from-config", path, "--model", "llama-1b"],
               "TrainingArguments JSON", "--seq-len")
     cli_error(["estimate", "--from-config", path, "--seq-len", "1024"], "--model")
     got, err = _json(["estimate", "--from-config", path, "--model", "llama-1b", "--seq-len",
                       "1024"], capsys)
-    assert "neftune_noise_alpha, torch_compile" in err
+    assert "torch_compile, neftune_noise_alpha" in err
     want, _ = _json(["estimate", "--model", "llama-1b", "--batch-size", "4", "--seq-len", "1024",
                      "--grad-accum", "8", "--precision", "bf16-mixed", "--checkpointing"], capsys)
     assert got == want

@@ -675,14 +675,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return _cmd_run(args, argv)
         if args.command in ("estimate", "trace", "plan"):  # the settings --from-config FILE holds
-            from memlab.fromconfig import settle_args
+            from memlab.fromconfig import settle_args, with_settings
 
             for line in settle_args(args, argv, args.command):
                 print(f"memlab: {line}", file=sys.stderr)
-        if args.command in ("estimate", "trace"):
-            return _cmd_step(args, args.command)
-        if args.command == "plan":
-            return _cmd_plan(args)
+            return with_settings(lambda: _cmd_plan(args) if args.command == "plan"
+                                 else _cmd_step(args, args.command), args)
         if args.command == "bits":
             return _cmd_bits(args)
         if args.command == "record":
