@@ -85,8 +85,34 @@ bf16: auto
 fp16:
 tf32: false
 gradient_checkpointing: true
+early_stopping_patience:
+resume_from_checkpoint:
+local_rank:
+logging_steps: 1
+xformers_attention:
 flash_attention: true
 warmup_steps: 10
+evals_per_epoch: 4
+eval_sample_packing: false
+saves_per_epoch: 1
+debug:
+deepspeed:
+weight_decay: 0.0
+fsdp:
+fsdp_config:
+special_tokens:
+wandb_project:
+wandb_entity:
+wandb_watch:
+wandb_name:
+wandb_log_model:
+train_on_inputs: false
+group_by_length: false
+lora_fan_in_fan_out:
+bnb_config_kwargs:
+  llm_int8_has_fp16_weight: false
+  bnb_4bit_quant_type: nf4
+  bnb_4bit_use_double_quant: true
 """
 
 ZERO3_YML = """\
@@ -218,7 +244,7 @@ def test_qlora_yaml_names_what_is_not_modelled(tmp_path, capsys):
     got, err = _json(["estimate", "--from-config", path], capsys)
     assert err.count("\n") == 1 and err.startswith("memlab: qlora.yml sets what memlab does not "
                                                    "model")
-    assert "sample_packing" in err and "paged_adamw_8bit" in err
+    assert "sample_packing" in err and "paged_adamw_8bit" in err and "recognized" not in err
     lora = LoraConfig(r=32, alpha=16.0, dropout=0.05,
                       target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))
     spec = StepSpec(get_config("llama2-7b"), batch_size=1, seq_len=4096, precision="bf16",
@@ -232,7 +258,7 @@ def test_qlora_yaml_names_what_is_not_modelled(tmp_path, capsys):
 def test_hub_id_that_is_no_preset_is_refused_naming_model(tmp_path, capsys, cli_error):
     path = _write(tmp_path, "qlora.yml", QLORA_YML)
     cli_error(["estimate", "--from-config", path], "'NousResearch/Llama-2-7b-hf'", "--model",
-              "llama2-7b")
+              "llama2-7b", "closest hub ids memlab knows: meta-llama/llama-2-7b-hf")
     got, _ = _json(["estimate", "--from-config", path, "--model", "llama2-7b"], capsys)
     assert got["parameters_bytes"] > 0
 
@@ -245,7 +271,8 @@ def test_zero3_deepspeed_json_beside_the_yaml(tmp_path, capsys, cli_error):
     assert (s.zero_stage, s.offload, s.precision, s.layout) == (3, "optimizer", "bf16-mixed",
                                                                  "mixed")
     cli_error(["estimate", "--from-config", path], "ZeRO stage 3", "--gpus N")
-    got, _ = _json(["estimate", "--from-config", path, "--gpus", "8"], capsys)
+    got, err = _json(["estimate", "--from-config", path, "--gpus", "8"], capsys)
+    assert err == ""  # "auto" buffers, logging and the Trainer's own settings are quiet
     want, _ = _json(["estimate", "--model", "mistral-7b", "--batch-size", "1", "--seq-len", "2048",
                      "--grad-accum", "8", "--precision", "bf16-mixed", "--checkpointing",
                      "--attention", "sdpa", "--zero-stage", "3", "--gpus", "8", "--offload",
@@ -364,3 +391,97 @@ def test_qlora_over_fsdp_names_the_sharding(tmp_path, capsys):
     assert err.count("\n") == 1
     one_gpu, _ = _json(["estimate", "--from-config", _write(tmp_path, "q.yml", text)], capsys)
     assert got == one_gpu
+
+
+def test_training_arguments_as_transformers_writes_them(tmp_path, capsys):
+    """``TrainingArguments.to_json_string()``: every key it writes is classified, its defaults quiet."""
+    transformers = pytest.importorskip("transformers")
+    import warnings
+
+    from memlab.fromconfig import MAPPED, NOT_MEMORY, UNMODELLED_KEYS
+
+    with warnings.catch_warnings():  # transformers 5 renames gradient_checkpointing
+        warnings.simplefilter("ignore", FutureWarning)
+        ta = transformers.TrainingArguments(
+            output_dir=str(tmp_path / "out"), per_device_train_batch_size=2,
+            gradient_accumulation_steps=4, gradient_checkpointing=True,
+            gradient_checkpointing_kwargs={"use_reentrant": False}, report_to=[])
+    # as a bf16 GPU's run writes it (TrainingArguments refuses bf16 on a machine without one)
+    text = json.dumps(json.loads(ta.to_json_string()) | {"bf16": True}, indent=2)
+    unclassified = set(json.loads(text)) - MAPPED - NOT_MEMORY - set(UNMODELLED_KEYS)
+    assert not unclassified, f"classify these keys: {sorted(unclassified)}"
+    path = _write(tmp_path, "training_args.json", text)
+    s = read_training_config(path)
+    settings: dict = {}
+    got, err = _json(["estimate", "--from-config", path, "--model", "llama-1b", "--seq-len", "512"],
+                     capsys, settings)
+    assert err == "" and s.unmodelled == ()  # defaults make no noise
+    impl = ["--optimizer-impl", "fused"] if s.optimizer_impl == "fused" else []
+    want, _ = _json(["estimate", "--model", "llama-1b", "--batch-size", "2", "--seq-len", "512",
+                     "--grad-accum", "4", "--precision", "bf16-mixed", "--checkpointing", *impl],
+                    capsys)
+    assert got == want
+    assert settings["from_flags"] == ["--model", "--seq-len"]
+    assert settings["from_file"]["--batch-size"] == 2 and "--model" not in settings["from_file"]
+
+
+def test_sft_config_with_its_own_keys(tmp_path, capsys):
+    sft = {"output_dir": "sft-out", "per_device_train_batch_size": 2,
+           "gradient_accumulation_steps": 2, "max_length": 1024, "packing": False,
+           "dataset_text_field": "text", "dataset_kwargs": {"skip_prepare_dataset": False},
+           "model_init_kwargs": None, "completion_only_loss": None, "bf16": True,
+           "gradient_checkpointing": True, "optim": "adamw_torch", "seed": 42,
+           "activation_offloading": True}
+    path = _write(tmp_path, "sft_config.json", sft)
+    got, err = _json(["estimate", "--from-config", path, "--model", "llama-1b"], capsys)
+    assert err == ""
+    want, _ = _json(["estimate", "--model", "llama-1b", "--batch-size", "2", "--seq-len", "1024",
+                     "--grad-accum", "2", "--precision", "bf16-mixed", "--checkpointing",
+                     "--offload-activations"], capsys)
+    assert got == want
+
+
+def test_every_key_is_read_quiet_or_named(tmp_path, capsys):
+    """A key memlab does not know could change memory: it is named, never dropped."""
+    text = LORA_YML.replace("gradient_checkpointing: true\n", (
+        "gradient_checkpointing: true\ngradient_checkpointing_kwargs:\n  use_reentrant: false\n"
+        "  offload: true\ntorch_empty_cache_steps: 10\nmystery_switch: 4\nval_set_size: 0.05\n"
+        "eval_batch_size: 8\nseed: 7\nhub_model_id: me/model\n"))
+    path = _write(tmp_path, "odd.yml", text)
+    settings: dict = {}
+    _, err = _json(["estimate", "--from-config", path], capsys, settings)
+    named = ["gradient_checkpointing_kwargs.offload (not recognized)", "torch_empty_cache_steps",
+             "mystery_switch (not recognized)", "eval_batch_size 8 (evaluation, a larger batch "
+             "than training's)"]
+    assert sorted(settings["not_modelled"]) == sorted(named) and err.count("\n") == 1
+    assert all(n in err for n in named) and "use_reentrant" not in err and "seed" not in err
+
+
+@pytest.mark.parametrize("text, name, needles", [
+    ("base_model: tiny\nsequence_len: [64\n", "broken.yml", ("not valid YAML", "(line 3)")),
+    ('{"per_device_train_batch_size": 2,\n "bf16": tru}', "broken.json",
+     ("not valid JSON", "(line 2)")),
+    (LORA_YML.replace("bf16: auto", "bf16: maybe"), "p.yml", ("bf16", "'maybe'", "true, false, auto")),
+    (LORA_YML.replace("optimizer: adamw_torch", "optimizer: lion"), "o.yml",
+     ("'lion'", "adamw_torch_fused")),
+    ("- just\n- a list\n", "list.yml", ("mapping of settings", "list")),
+])
+def test_bad_files_refused_in_one_line(tmp_path, cli_error, text, name, needles):
+    cli_error(["estimate", "--from-config", _write(tmp_path, name, text)], *needles)
+
+
+def test_a_missing_file_is_named(tmp_path, cli_error):
+    cli_error(["plan", "--from-config", str(tmp_path / "nope.yml"), "--gpu", "H100"],
+              "nope.yml", "is not a file")
+
+
+def test_a_closed_pipe_ends_quietly_with_a_config(tmp_path):
+    import subprocess
+    import sys
+
+    path = _write(tmp_path, "lora.yml", LORA_YML)
+    proc = subprocess.Popen([sys.executable, "-m", "memlab", "estimate", "--from-config", path,
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert err.decode() == "" and proc.returncode == 0

@@ -82,7 +82,7 @@ NOT_MEMORY = frozenset((
     "dataset_processes", "dataset_exact_deduplication", "shuffle_merged_datasets",
     "val_set_size", "lora_model_dir", "lora_fan_in_fan_out", "peft_use_rslora", "num_epochs",
     "lr_scheduler", "cosine_min_lr_ratio", "loraplus_lr_ratio", "embedding_lr", "train_on_inputs",
-    "evals_per_epoch", "saves_per_epoch", "special_tokens", "chat_template",
+    "evals_per_epoch", "eval_steps", "saves_per_epoch", "special_tokens", "chat_template",
     "default_system_message", "wandb_project", "wandb_entity", "wandb_watch", "wandb_name",
     "wandb_run_id", "wandb_log_model", "mlflow_tracking_uri", "mlflow_experiment_name",
     "comet_api_key", "comet_workspace", "comet_project_name", "early_stopping_patience",
