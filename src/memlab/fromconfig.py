@@ -23,6 +23,11 @@ How the keys map (the decisions this module makes):
   ``full_shard`` (stage 3), ``shard_grad_op`` (stage 2), ``no_shard`` (0) and
   ``offload`` / ``fsdp_offload_params`` (parameters on the host). The config does not hold the
   number of GPUs: ``--gpus N`` gives it.
+- every key is read, known to leave a step's memory alone (``NOT_MEMORY``), or named in one
+  line: not modelled (``UNMODELLED_KEYS``), or "not recognized"; the same for the nested
+  ``fsdp_config``, ``bnb_config_kwargs``, ``gradient_checkpointing_kwargs`` (``use_reentrant``
+  is quiet) and the DeepSpeed JSON, whose buffer sizes at ``"auto"`` are quiet. An unset key
+  (null, false, 0, empty) sets nothing: a ``TrainingArguments`` JSON's defaults stay quiet.
 - ``memlab plan``: without ``--global-batch`` the global batch is micro-batch x accumulation x
   GPUs, and ``--gpus`` must then name one count; the plan chooses precision, checkpointing,
   micro-batch and sharding itself, and says which of the file's settings it leaves to its search.
