@@ -133,7 +133,7 @@ bf16: true
 tf32: true
 gradient_checkpointing: true
 flash_attention: true
-deepspeed: deepspeed_configs/zero3_bf16_cpuoffload_all.json
+deepspeed: deepspeed_configs/zero3_bf16.json
 """
 
 ZERO3_JSON = {
@@ -265,7 +265,7 @@ def test_hub_id_that_is_no_preset_is_refused_naming_model(tmp_path, capsys, cli_
 
 def test_zero3_deepspeed_json_beside_the_yaml(tmp_path, capsys, cli_error):
     (tmp_path / "deepspeed_configs").mkdir()
-    _write(tmp_path, "deepspeed_configs/zero3_bf16_cpuoffload_all.json", ZERO3_JSON)
+    _write(tmp_path, "deepspeed_configs/zero3_bf16.json", ZERO3_JSON)
     path = _write(tmp_path, "full.yml", ZERO3_YML)
     s = read_training_config(path)
     assert (s.zero_stage, s.offload, s.precision, s.layout) == (3, "optimizer", "bf16-mixed",
@@ -286,7 +286,7 @@ def test_zero3_deepspeed_json_beside_the_yaml(tmp_path, capsys, cli_error):
 def test_fsdp_yaml(tmp_path, capsys):
     path = _write(tmp_path, "fsdp.yml", FSDP_YML)
     got, err = _json(["estimate", "--from-config", path, "--gpus", "4"], capsys)
-    assert "torch_compile" in err and err.count("\n") == 1
+    assert "torch_compile" in err and err.count("\n") == 1 and "recognized" not in err
     want, _ = _json(["estimate", "--model", "llama-1b", "--batch-size", "4", "--seq-len", "2048",
                      "--grad-accum", "2", "--precision", "bf16", "--optimizer-impl", "fused",
                      "--attention", "sdpa", "--checkpointing", "--zero-stage", "3", "--gpus", "4"],
@@ -485,3 +485,46 @@ def test_a_closed_pipe_ends_quietly_with_a_config(tmp_path):
     proc.stdout.close()
     _, err = proc.communicate(timeout=120)
     assert err.decode() == "" and proc.returncode == 0
+
+
+def test_deepspeed_json_sections(tmp_path):
+    """DeepSpeed's own optimizer and buffer sizes: Adam and "auto" are quiet, the rest named."""
+    (tmp_path / "ds").mkdir()
+    yml = ZERO3_YML.replace("deepspeed_configs/zero3_bf16.json", "ds/z.json")
+    path = _write(tmp_path, "full.yml", yml)
+    zero = ZERO3_JSON["zero_optimization"]
+    _write(tmp_path, "ds/z.json", ZERO3_JSON | {
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}})
+    assert read_training_config(path).unmodelled == ()
+    _write(tmp_path, "ds/z.json", ZERO3_JSON | {
+        "optimizer": {"type": "OneBitAdam"}, "zero_optimization": zero | {
+            "reduce_bucket_size": 5e8, "offload_param": {"device": "nvme"}},
+        "pipeline": {"stages": 2}})
+    s = read_training_config(path)
+    assert s.offload == "params" and sorted(s.unmodelled) == [
+        "deepspeed optimizer 'OneBitAdam' (estimated as the file's optimizer)",
+        "deepspeed pipeline (not recognized)", "deepspeed zero_optimization.offload_param to nvme "
+        "(estimated as cpu)", "deepspeed zero_optimization.reduce_bucket_size"]
+
+
+def test_fsdp_config_keys(tmp_path):
+    """FSDP2's reshard_after_forward false keeps the gathered parameters: stage 2."""
+    text = FSDP_YML.replace("  fsdp_sharding_strategy: FULL_SHARD\n", (
+        "  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n  fsdp_forward_prefetch: true\n"
+        "  fsdp_new_knob: 3\n"))
+    s = read_training_config(_write(tmp_path, "fsdp2.yml", text))
+    assert (s.zero_stage, s.sharding, s.checkpointing) == (2, "fsdp", True)
+    assert s.unmodelled == ("torch_compile", "fsdp_config.fsdp_forward_prefetch",
+                            "fsdp_config.fsdp_new_knob (not recognized)")
+
+
+def test_plan_json_says_what_came_from_the_file(tmp_path, capsys):
+    path = _write(tmp_path, "lora.yml", LORA_YML)
+    settings: dict = {}
+    _json(["plan", "--from-config", path, "--gpu", "H100", "--gpus", "8", "--limit", "3"], capsys,
+          settings)
+    assert settings["from_file"] == {"--model": "llama3-8b", "--seq-len": 4096, "--trains": "lora",
+                                     "--optimizers": "adamw", "--global-batch": 64}
+    assert settings["from_flags"] == ["--gpu", "--gpus", "--limit"]
+    assert (settings["kind"], settings["not_modelled"]) == ("axolotl", [])

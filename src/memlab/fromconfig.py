@@ -356,7 +356,7 @@ def _zero(ds: dict, source: str, unmodelled: list) -> tuple[int, str]:
             raise MemlabError(f"{key}.device in {source}'s DeepSpeed config is {device!r}; "
                               "accepted: none, cpu, nvme")
         if device == "nvme":
-            unmodelled.append(f"{key} to nvme (estimated as cpu)")
+            unmodelled.append(f"deepspeed zero_optimization.{key} to nvme (estimated as cpu)")
     offload = ("params" if devices["offload_param"] in ("cpu", "nvme") else
                "optimizer" if devices["offload_optimizer"] in ("cpu", "nvme") else "none")
     return stage, offload
@@ -575,14 +575,14 @@ def settle_args(args, argv: list[str], command: str) -> list[str]:
     before = dict(vars(args))
     if s.model is not None and not _given(argv, "--model"):
         args.model = preset_of(s.model, s.source)
-    lines = (_settle_plan(args, argv, s) if command == "plan"
-             else _settle_step(args, argv, s, notes))
+    taken = ["model"] if args.model != before["model"] else []
+    lines = (_settle_plan(args, argv, s, taken) if command == "plan"
+             else _settle_step(args, argv, s, notes, taken))
     flags = [a.split("=")[0] for a in argv if a.startswith("--")
              and a.split("=")[0] not in ("--from-config", "--json")]
     args.from_config_json = dict(
         file=str(path), kind=s.kind,
-        from_file={f"--{k.replace('_', '-')}": v for k, v in vars(args).items()
-                   if k in before and v != before[k] and k != "from_config_json"},
+        from_file={f"--{k.replace('_', '-')}": getattr(args, k) for k in taken},
         from_flags=flags, not_modelled=notes)
     missing = _missing(args, command)
     if missing == ["--seq-len"] and s.kind == "training-arguments":
@@ -596,7 +596,8 @@ def settle_args(args, argv: list[str], command: str) -> list[str]:
     return ([line] if line else []) + lines
 
 
-def _settle_step(args, argv: list[str], s: TrainingSettings, notes: list[str]) -> list[str]:
+def _settle_step(args, argv: list[str], s: TrainingSettings, notes: list[str],
+                 taken: list[str]) -> list[str]:
     values = s.as_dict()
     lora = s.lora_rank is not None or _given(argv, "--lora-rank")
     sharded = s.zero_stage is not None and not _given(argv, "--zero-stage")
@@ -614,6 +615,7 @@ def _settle_step(args, argv: list[str], s: TrainingSettings, notes: list[str]) -
         value = values[attr]
         if value is not None and value is not False:
             setattr(args, attr, value)
+            taken.append(attr)
     args.lora_dropout = s.lora_dropout if s.lora_rank is not None else 0.0
     if getattr(args, "zero_stage", None) is not None and getattr(args, "gpus", None) is None:
         raise MemlabError(f"{s.source} shards the model states ({what}): give --gpus N, the "
@@ -621,14 +623,18 @@ def _settle_step(args, argv: list[str], s: TrainingSettings, notes: list[str]) -
     return []
 
 
-def _settle_plan(args, argv: list[str], s: TrainingSettings) -> list[str]:
+def _settle_plan(args, argv: list[str], s: TrainingSettings, taken: list[str]) -> list[str]:
     if s.seq_len is not None and not _given(argv, "--seq-len"):
         args.seq_len = s.seq_len
+        taken.append("seq_len")
     if not _given(argv, "--trains"):
         args.trains = ("qlora" if s.quantize_base else "lora") if s.lora_rank else "full"
+        taken.append("trains")
     if not _given(argv, "--optimizers"):
         args.optimizers = s.optimizer
+        taken.append("optimizers")
     if args.global_batch is None:
+        taken.append("global_batch")
         counts = [c.strip() for c in (args.gpus or "").split(",") if c.strip()]
         if len(counts) != 1 or not counts[0].isdigit() or int(counts[0]) <= 0:
             raise MemlabError(f"the global batch is {s.source}'s micro-batch x accumulation x "
