@@ -528,3 +528,9 @@ def test_plan_json_says_what_came_from_the_file(tmp_path, capsys):
                                      "--optimizers": "adamw", "--global-batch": 64}
     assert settings["from_flags"] == ["--gpu", "--gpus", "--limit"]
     assert (settings["kind"], settings["not_modelled"]) == ("axolotl", [])
+
+
+def test_an_unknown_hub_id_names_one_per_preset(tmp_path, cli_error):
+    path = _write(tmp_path, "a.yml", "base_model: acme/SuperLM-3B\nsequence_len: 64\n")
+    cli_error(["estimate", "--from-config", path], "'acme/SuperLM-3B'", "one per preset",
+              "meta-llama/llama-2-7b-hf", "give --model")

@@ -266,8 +266,11 @@ def preset_of(model: str, source: str) -> str:
 
     names = {hub.split("/")[-1]: hub for hub in HUB_IDS}
     close = [names[n] for n in difflib.get_close_matches(model.lower().split("/")[-1], names, 3)]
+    one_each: dict[str, str] = {}
+    for hub, preset in HUB_IDS.items():
+        one_each.setdefault(preset, hub)
     known = (f"closest hub ids memlab knows: {', '.join(close)}" if close
-             else f"hub ids memlab knows: {', '.join(HUB_IDS)}")
+             else f"hub ids memlab knows, one per preset: {', '.join(one_each.values())}")
     raise MemlabError(f"base_model {model!r} in {source} is not a preset's hub id ({known}); give "
                       f"--model (a preset: {', '.join(PRESETS)}, or a path to a config.json)")
 
