@@ -23,6 +23,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
+	@$(BIN)/python -m pip uninstall --quiet --yes memlab 2>/dev/null || true  # the distribution's old name
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
