@@ -14,7 +14,7 @@ export MEMLAB_DEVICE ?= cpu
 export PYTHONHASHSEED := 0
 TIMINGS := _build/timings.txt
 
-.PHONY: setup book test lint unit nbval labs browser student student-check system freeze clean gpu-prepare gpu-unpack
+.PHONY: setup book test lint unit nbval labs browser student student-check system freeze clean gpu-prepare gpu-unpack dist
 
 setup: $(STAMP)
 
@@ -23,6 +23,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
+	@$(BIN)/python -m pip uninstall --quiet --yes memlab 2>/dev/null || true  # the distribution's old name
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
@@ -108,5 +109,12 @@ freeze:
 	/tmp/memlab-freeze/bin/pip install --quiet torch==2.13.0 -e '.[notebook,compare,dev]' "jupyter-book<2"
 	/tmp/memlab-freeze/bin/pip freeze | grep -v '^-e\|^memlab' | sed 's/^torch==.*/torch==2.13.0/' > requirements.txt
 
+# The library's distribution, memlab-book: the sdist and the wheel in dist/, checked as PyPI will
+# (the release workflow does the same on a tag; tests/test_wheel.py installs the wheel and runs it).
+dist: setup
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist
+	$(BIN)/python -m twine check --strict dist/*
+
 clean:
-	rm -rf _build
+	rm -rf _build dist

@@ -106,16 +106,12 @@ def git_state() -> tuple[str | None, bool | None]:
 def memlab_version() -> str:
     """memlab's version (chapter: all).
 
-    The installed distribution's, else the package's own ``__version__``.
+    The imported package's own ``__version__``: the code that ran, whether installed (the
+    distribution ``memlab-book``) or run from a source tree (PYTHONPATH=src).
     """
-    from importlib.metadata import PackageNotFoundError, version
+    from memlab._version import __version__
 
-    try:
-        return version("memlab")
-    except PackageNotFoundError:  # run from a source tree (PYTHONPATH=src)
-        from memlab._version import __version__
-
-        return __version__
+    return __version__
 
 
 def package_versions() -> dict[str, str | None]:

@@ -15,6 +15,7 @@ book shows with it (accelerate 1.15):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -22,7 +23,14 @@ from memlab.distributed.runs import batch_rows, batches, local_state_bytes
 from memlab.model.config import ModelConfig
 from memlab.model.transformer import build_model, lm_loss
 
-ACCELERATE_FSDP_CONFIG = "configs/accelerate/fsdp2.yaml"  # for GPUs only
+# For GPUs only. The file ships in the package (distributed/configs/); the book's checkout links it
+# from configs/accelerate/, the path the chapter shows and a reader types.
+ACCELERATE_FSDP_CONFIG = "configs/accelerate/fsdp2.yaml"
+
+
+def fsdp_config_file() -> Path:
+    """The FSDP2 config file accelerate launches with on GPUs, inside the package (chapter: 6)."""
+    return Path(__file__).resolve().parent / "configs" / Path(ACCELERATE_FSDP_CONFIG).name
 
 
 def accelerate_ranks(spec: dict, device: torch.device) -> dict:
@@ -151,7 +159,8 @@ def accelerate_experiment(scale: str) -> AccelerateResult:
     for name, args, cpu in launches:
         command = "torchrun" if args is None else "accelerate launch " + " ".join(args)
         try:
-            answers = accelerate_run(dict(spec, cpu=cpu), nproc=nproc, accelerate_args=args)
+            answers = accelerate_run(dict(spec, cpu=cpu), nproc=nproc, accelerate_args=args and tuple(
+                str(fsdp_config_file()) if a == ACCELERATE_FSDP_CONFIG else a for a in args))
         except MemlabError as exc:
             runs.append(AccelerateRun(name, command, nproc, "", "", (), {}, str(exc)))
             continue
