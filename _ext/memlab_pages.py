@@ -21,8 +21,9 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 # A table cell of at most this many characters with a digit in it is a number (with its unit):
-# it does not wrap.
+# it does not wrap. One of more than PROSE_CELL_CHARS is a sentence: it keeps a readable width.
 NUMERIC_CELL_CHARS = 24
+PROSE_CELL_CHARS = 60
 
 _EMPTY_TH = re.compile(r"<th((?:\s[^>]*)?)>(?:\s|&nbsp;|&#160;)*</th>")
 _CELL = re.compile(r"<(td|th)((?:\s[^>]*)?)>([^<>]*)</\1>")
@@ -34,15 +35,21 @@ _THEME_ICON = re.compile(r'(<i class="theme-switch [^"]*" data-mode="[a-z]+")\s+
 _SIDEBAR_LOGO = re.compile(r'<div class="sidebar-primary-item">(\s*<a class="navbar-brand logo")')
 
 
-def _mark_numeric(match: re.Match) -> str:
+def _mark_cell(match: re.Match) -> str:
     tag, attrs, text = match.groups()
     plain = text.replace("&nbsp;", " ").strip()
-    if not plain or len(plain) > NUMERIC_CELL_CHARS or not any(c.isdigit() for c in plain):
+    if len(plain) > PROSE_CELL_CHARS:
+        mark = "memlab-prose"
+    elif plain and len(plain) <= NUMERIC_CELL_CHARS and any(c.isdigit() for c in plain):
+        mark = "memlab-num"
+    else:
+        return match.group(0)
+    if mark in attrs:  # marked by an earlier build
         return match.group(0)
     if "class=" in attrs:
-        attrs = re.sub(r'class="', 'class="memlab-num ', attrs, count=1)
+        attrs = re.sub(r'class="', f'class="{mark} ', attrs, count=1)
     else:
-        attrs += ' class="memlab-num"'
+        attrs += f' class="{mark}"'
     return f"<{tag}{attrs}>{text}</{tag}>"
 
 
@@ -50,12 +57,13 @@ def accessible_html(html: str) -> str:
     """One built page with the markup that accessibility checkers flag made right.
 
     Empty table header cells (pandas' corner above the index) become ``td``; short numeric
-    cells are marked ``memlab-num`` (no wrapping); the search field is named by its visible
+    cells are marked ``memlab-num`` (no wrapping), long ones ``memlab-prose`` (a readable
+    width); the search field is named by its visible
     text; the colour-mode icons lose their titles (hidden from assistive technology); the
     sidebar's book title is put in a named navigation landmark.
     """
     html = _EMPTY_TH.sub(r"<td\1></td>", html)
-    html = _CELL.sub(_mark_numeric, html)
+    html = _CELL.sub(_mark_cell, html)
     html = _SEARCH_FIELD.sub(r"\1", html)
     html = _THEME_ICON.sub(r'\1 aria-hidden="true"', html)
     return _SIDEBAR_LOGO.sub(
