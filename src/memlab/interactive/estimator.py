@@ -487,7 +487,7 @@ def _estimator_html(setting: dict, model: str | ModelConfig, gpus) -> str:
         f'<div class="est-levers" data-role="levers-note"{"" if cfg.moe else " hidden"}>'
         f'{e(unmodelled_note(cfg)) if cfg.moe else ""}</div>'
         f'<details class="est-paste"><summary>paste a Hugging Face config.json '
-        f"(model_type {e(accepted)})</summary>"
+        f"(model_type {e(accepted)}, or architectures naming one)</summary>"
         f'<textarea data-role="config-text" rows="6" spellcheck="false" '
         f'aria-label="a Hugging Face config.json" placeholder="{e(_PLACEHOLDER)}"></textarea>'
         f'<button type="button" data-role="config-apply">estimate this config</button>'
