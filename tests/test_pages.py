@@ -81,8 +81,11 @@ def test_no_serious_accessibility_violation(open_page, pages, kind: str) -> None
         counts[v["impact"]] += v["nodes"]
     print(f"axe {pages[kind]}: {dict(counts) or 'no violations'}")
     blocking = [v for v in violations if v["impact"] in BLOCKING]
+    stale = any('class="bv-bit"' in v["first"] and "aria-label=" in v["first"] for v in blocking)
     assert not blocking, "\n  ".join(
-        f"{v['impact']} {v['id']} x{v['nodes']}: {v['first']}" for v in blocking)
+        [f"{v['impact']} {v['id']} x{v['nodes']}: {v['first']}" for v in blocking]
+        + ["(the page's bit viewers predate their named buttons: execute the chapter again)"]
+        * stale)
 
 
 @pytest.mark.parametrize("viewport", [PHONE, TABLET], ids=["phone", "tablet"])
