@@ -8,6 +8,11 @@
 #   RequireJS     -> vendor/requirejs/        (AMD loader the widget manager needs)
 #   html-manager  -> vendor/jupyter-widgets/  (embed-amd.js: renders saved ipywidgets)
 #
+# and one file the tests need, which is not published with the book:
+#
+#   axe-core      -> tests/_vendor/axe-core/  (axe.min.js: the accessibility rules the
+#                                              browser tests run on the built pages)
+#
 # Why not _static/: Jupyter Book adds a <script> tag for every *.js file under
 # html_static_path to every page, which would load all of the above everywhere.
 # html_extra_path is copied verbatim and not scanned.
@@ -22,6 +27,7 @@ MATHJAX_VERSION="3.2.2"
 REQUIREJS_VERSION="2.3.8"
 # html-manager 1.x renders the widget state written by ipywidgets 8.
 HTML_MANAGER_VERSION="1.0.15"
+AXE_VERSION="4.14.1"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEST="$ROOT/_vendor/_static/vendor"
@@ -38,6 +44,7 @@ fetch() {  # fetch <npm spec> <dir name>: unpack the package tarball into $TMP/<
 fetch "mathjax@$MATHJAX_VERSION" mathjax
 fetch "requirejs@$REQUIREJS_VERSION" requirejs
 fetch "@jupyter-widgets/html-manager@$HTML_MANAGER_VERSION" html-manager
+fetch "axe-core@$AXE_VERSION" axe-core
 
 rm -rf "$DEST/mathjax" "$DEST/requirejs" "$DEST/jupyter-widgets"
 mkdir -p "$DEST/mathjax/output/chtml/fonts" "$DEST/mathjax/input/tex" \
@@ -68,4 +75,12 @@ requirejs@$REQUIREJS_VERSION                     MIT          requirejs/
 @jupyter-widgets/html-manager@$HTML_MANAGER_VERSION BSD-3-Clause jupyter-widgets/
 EOF
 
-du -sh "$DEST"
+# axe-core: the minified bundle and its licence (MPL-2.0), for tests/test_a11y.py only.
+AXE_DEST="$ROOT/tests/_vendor/axe-core"
+rm -rf "$AXE_DEST"
+mkdir -p "$AXE_DEST"
+cp "$TMP/axe-core/axe.min.js" "$TMP/axe-core/LICENSE" "$AXE_DEST/"
+echo "axe-core@$AXE_VERSION from the npm registry (scripts/vendor_assets.sh), MPL-2.0" \
+    > "$AXE_DEST/VERSION.txt"
+
+du -sh "$DEST" "$AXE_DEST"

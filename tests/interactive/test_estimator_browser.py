@@ -19,7 +19,7 @@ import pytest
 from memlab.errors import MemlabError
 from memlab.gpus import CATALOGUE
 from memlab.interactive import estimator as est
-from memlab.model.config import PRESETS
+from memlab.model.config import HF_ARCHITECTURES, PRESETS
 from memlab.model.step import PHASES
 
 pytestmark = pytest.mark.browser
@@ -421,7 +421,11 @@ def test_bad_pasted_configs_show_python_s_one_line_error(open_estimator):
         assert "\n" not in status, status
         assert root.locator('[data-role="config-status"]').get_attribute("data-state") == "error"
         assert root.locator('[data-role="model"]').input_value() == "llama2-7b"
-        assert _read(page) == before  # the estimate on show is untouched
+        # no numbers from before the refused paste stay on show, only its one-line error
+        assert _read(page) == {"error": status}
+        assert root.locator('[data-role="results"]').is_hidden()
+        _set(page, "batch_size", 1)  # a control changed: the menu's model is estimated again
+        assert _read(page) == before
     for text in ("{not json", '{"model_type": "llama",}', "", "{'model_type': 'gpt2'}"):
         status = _paste(page, text)
         assert status.startswith("memlab: error: the pasted config is not valid JSON ("), status
@@ -434,6 +438,28 @@ def test_bad_pasted_configs_show_python_s_one_line_error(open_estimator):
     assert _paste(page, json.dumps(huge)).startswith("using llama (1024 layers, width 1048576)")
     assert _read(page) == {"error": f"memlab: error: the estimated peak is beyond {2**53 - 1:,} "
                                     "bytes, more than this page computes exactly"}
+
+
+def test_a_config_without_model_type_is_read_by_its_architectures(open_estimator):
+    page = open_estimator(est.memory_estimator().html())
+    setting = dict(batch_size=1, seq_len=1024, precision="bf16-mixed", optimizer="adamw",
+                   optimizer_impl="foreach", attention="sdpa", checkpointing=False,
+                   grad_accum_steps=1, device="cuda")
+    _set(page, "seq_len", 1024)
+    arch = {t: a for a, t in HF_ARCHITECTURES.items()}
+    for name, raw in {**HF_CONFIGS, **HF_MOE_CONFIGS}.items():
+        bare = {k: v for k, v in raw.items() if k != "model_type"}
+        bare["architectures"] = [arch[raw["model_type"]]]
+        assert est.pasted_config(bare) == est.pasted_config(raw) or "_name_or_path" not in raw
+        assert _paste(page, json.dumps(bare)).startswith("using "), name
+        assert _read(page) == expected(None, bare, setting), name
+        assert _read(page)["peak_bytes"] == expected(None, raw, setting)["peak_bytes"], name
+    # a good paste, then a refused one: the good one's numbers go, the error shows
+    for bad in ({"architectures": ["BertModel"], "hidden_size": 8}, {"hidden_size": 8}):
+        status = _paste(page, json.dumps(bad))
+        assert status == _python_error(bad) and "no model_type" in status, status
+        assert _read(page) == {"error": status}
+        assert _paste(page, json.dumps(HF_CONFIGS["gpt2"])).startswith("using gpt2: ")
 
 
 def test_bad_controls_show_python_s_error_and_hide_the_numbers(open_estimator):

@@ -215,11 +215,13 @@ body.vscode-dark .memlab-bv,body.vscode-high-contrast .memlab-bv{--bv-focus:#56B
 .memlab-bv .bv-desc{opacity:.8}
 .memlab-bv .bv-bits{display:flex;flex-wrap:wrap;gap:.25em .45em;margin:.3em 0}
 .memlab-bv .bv-field{display:inline-flex;flex-wrap:wrap;gap:1px}
-.memlab-bv button.bv-bit{display:inline-flex;flex-direction:column;align-items:center;
+.memlab-bv button.bv-bit{position:relative;display:inline-flex;flex-direction:column;align-items:center;
   justify-content:center;min-width:1.5em;margin:0;padding:.1em .05em .2em;color:#111;
   border:1px solid rgba(0,0,0,.5);border-radius:3px;cursor:pointer;line-height:1.05;
   font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:.9em;
   text-transform:none;box-shadow:none}
+.memlab-bv .bv-sr{position:absolute;width:1px;height:1px;overflow:hidden;clip-path:inset(50%);
+white-space:nowrap}
 .memlab-bv .bv-bit .bv-d{font-weight:700;font-size:1.05em}
 .memlab-bv .bv-bit .bv-f{font-size:.62em;opacity:.85}
 .memlab-bv [data-field="sign"]{background:#E69F00}
@@ -252,8 +254,9 @@ def _row_html(x: float, fmt: str) -> str:
         groups.setdefault(field, []).append(
             f'<button type="button" class="bv-bit" data-format="{e(fmt)}" data-bit-index="{idx}" '
             f'data-field="{field}" data-bit="{bit}" aria-pressed="{str(bit == "1").lower()}" '
-            f'aria-label="{e(fmt)} bit {idx}, {field}, {bit or "not set"}" '
-            f'title="bit {idx}: {field}"><span class="bv-d">{bit or "&#8211;"}</span>'
+            f'title="bit {idx}: {field}">'
+            f'<span class="bv-sr">{e(fmt)} bit {idx}, {field}, {bit or "not set"}</span>'
+            f'<span class="bv-d" aria-hidden="true">{bit or "&#8211;"}</span>'
             f'<span class="bv-f" aria-hidden="true">{FIELD_LETTERS[field]}</span></button>')
     fields_html = "".join(f'<span class="bv-field" data-group="{f}">{"".join(b)}</span>'
                           for f, b in groups.items())

@@ -41,6 +41,7 @@ from memlab.memory.activations import COMPUTE_BYTES, FLASH_TILES, PARAM_BYTES
 from memlab.memory.estimator import BNB_BLOCK, BNB_MIN_NUMEL, DEVICES, estimate
 from memlab.model.config import (
     ATTENTION_IMPLS,
+    HF_ARCHITECTURES,
     HF_BIAS_FLAGS,
     HF_FIELDS,
     HF_FIXED,
@@ -54,6 +55,7 @@ from memlab.model.config import (
     ModelConfig,
     config_from_hf_dict,
     get_config,
+    hf_model_type,
 )
 from memlab.model.config import DEFAULT_BLOCK as FLASH_BLOCK
 from memlab.model.step import PHASES, StepSpec
@@ -304,6 +306,7 @@ def estimator_data(model: str | ModelConfig = "llama2-7b", gpus=CATALOGUE) -> di
         "pasted_source": PASTED_SOURCE,
         "hf": {
             "styles": PAGE_STYLES,
+            "architectures": dict(HF_ARCHITECTURES),
             "kinds": dict(HF_KINDS),
             "bias_flags": list(HF_BIAS_FLAGS),
             "fields": {style: [{"field": f.field, "keys": list(f.keys), "kind": f.kind,
@@ -484,7 +487,7 @@ def _estimator_html(setting: dict, model: str | ModelConfig, gpus) -> str:
         f'<div class="est-levers" data-role="levers-note"{"" if cfg.moe else " hidden"}>'
         f'{e(unmodelled_note(cfg)) if cfg.moe else ""}</div>'
         f'<details class="est-paste"><summary>paste a Hugging Face config.json '
-        f"(model_type {e(accepted)})</summary>"
+        f"(model_type {e(accepted)}, or architectures naming one)</summary>"
         f'<textarea data-role="config-text" rows="6" spellcheck="false" '
         f'aria-label="a Hugging Face config.json" placeholder="{e(_PLACEHOLDER)}"></textarea>'
         f'<button type="button" data-role="config-apply">estimate this config</button>'
@@ -616,7 +619,7 @@ def _random_experts(rng: random.Random, mtype: str) -> dict:
 
 
 def _is_moe(key: str | None, raw: dict | None) -> bool:
-    return PRESETS[key].moe is not None if raw is None else raw["model_type"] in HF_MOE_FIELDS
+    return PRESETS[key].moe is not None if raw is None else hf_model_type(raw) in HF_MOE_FIELDS
 
 
 def test_settings(n: int = 420, seed: int = 0, hf_configs=()) -> list[tuple]:

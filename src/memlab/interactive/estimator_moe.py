@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from memlab.errors import MemlabError, check_choice
 from memlab.memory.estimator import DEVICES, MemoryEstimate
-from memlab.model.config import HF_FIXED, HF_MOE_FIELDS, HF_MOE_FIXED, HF_STYLES, ModelConfig
+from memlab.model.config import (
+    HF_FIXED,
+    HF_MOE_FIELDS,
+    HF_MOE_FIXED,
+    HF_STYLES,
+    ModelConfig,
+    hf_model_type,
+)
 from memlab.model.step import StepSpec
 from memlab.moe.estimate import estimate_moe
 
@@ -82,7 +89,7 @@ def moe_estimate(cfg: ModelConfig, *, batch_size, seq_len, precision: str, optim
 
 def refuse_other_moe(raw, source: str, styles: dict) -> None:
     """A one-line error for a config.json with experts whose family the page does not read (chapter: 9)."""
-    mtype = raw.get("model_type") if isinstance(raw, dict) else None
+    mtype = hf_model_type(raw) if isinstance(raw, dict) else None
     if isinstance(mtype, str) and mtype not in styles and any(k in raw for k in EXPERT_KEYS):
         raise MemlabError(f"{source} has model_type {mtype!r}, a mixture of experts this page does "
                           f"not read; accepted mixtures of experts: {', '.join(MOE_STYLES)}")

@@ -359,8 +359,14 @@ def get_config(name_or_path: str | Path, **overrides) -> ModelConfig:
 # Hugging Face config.json -------------------------------------------------------------------
 # One table says how a config.json becomes a ModelConfig; the Python loader below and the
 # kernel-free estimator's script (memlab.interactive.estimator) both read it.
-HF_STYLES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama",  # model_type -> style
-             "qwen2": "llama", "mixtral": "llama", "qwen2_moe": "llama"}
+# Each family read: its model_type, the style of the book's model it becomes, and the class its
+# config.json's ``architectures`` names (transformers), which stands for a missing model_type.
+HF_FAMILIES = (("gpt2", "gpt2", "GPT2LMHeadModel"), ("llama", "llama", "LlamaForCausalLM"),
+               ("mistral", "llama", "MistralForCausalLM"), ("qwen2", "llama", "Qwen2ForCausalLM"),
+               ("mixtral", "llama", "MixtralForCausalLM"),
+               ("qwen2_moe", "llama", "Qwen2MoeForCausalLM"))
+HF_STYLES = {mtype: style for mtype, style, _ in HF_FAMILIES}  # model_type -> style
+HF_ARCHITECTURES = {arch: mtype for mtype, _, arch in HF_FAMILIES}  # architectures[0] -> model_type
 # Fields a family fixes rather than its config.json: Qwen2 and Qwen2-MoE always have q/k/v
 # biases (transformers' Qwen2Attention: bias=True on q_proj, k_proj, v_proj; none on o_proj).
 HF_FIXED = {"qwen2": {"qkv_bias": True}, "qwen2_moe": {"qkv_bias": True}}
@@ -497,6 +503,28 @@ def _hf_value(source: str, key: str, value, kind: str):
     return value
 
 
+def hf_model_type(raw: dict):
+    """A config.json's model_type, else the one its ``architectures[0]`` implies, else None (chapter: 1).
+
+    A config.json written by hand may lack model_type while ``architectures`` names the family.
+    """
+    if "model_type" in raw:
+        return raw["model_type"]
+    archs = raw.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return HF_ARCHITECTURES.get(archs[0])
+    return None
+
+
+def _no_family(source: str, raw: dict, styles) -> str:
+    """The one-line error for a config.json whose family is not read."""
+    if "model_type" in raw:
+        return f"{source} has model_type {raw['model_type']!r}; accepted: {', '.join(styles)}"
+    archs = [a for a, t in HF_ARCHITECTURES.items() if t in styles]
+    return (f"{source} has no model_type and its architectures name no family read; accepted "
+            f"model_type: {', '.join(styles)}; or architectures: {', '.join(archs)}")
+
+
 def config_from_hf_dict(raw, source: str = "the config", name: str | None = None,
                         styles: dict[str, str] | None = None) -> ModelConfig:
     """A :class:`ModelConfig` from a parsed config.json of a :data:`HF_STYLES` family (chapters: 1, 9).
@@ -508,15 +536,17 @@ def config_from_hf_dict(raw, source: str = "the config", name: str | None = None
     styles = HF_STYLES if styles is None else styles
     if not isinstance(raw, dict):
         raise MemlabError(f"{source} must hold a JSON object")
-    mtype = raw.get("model_type")
+    mtype = hf_model_type(raw)
     if not isinstance(mtype, str) or mtype not in styles:
         moe_families = [t for t in styles if t in HF_MOE_FIELDS]
+        if mtype is None:
+            raise MemlabError(_no_family(source, raw, styles))
         if moe_families and any(k in raw for k in HF_EXPERT_KEYS):  # another family's experts
             raise MemlabError(f"{source} has model_type {mtype!r}, a mixture of experts the "
                               f"book's model does not build; accepted MoE families: "
                               f"{', '.join(moe_families)} (dense: "
                               f"{', '.join(t for t in styles if t not in HF_MOE_FIELDS)})")
-        raise MemlabError(f"{source} has model_type {mtype!r}; accepted: {', '.join(styles)}")
+        raise MemlabError(_no_family(source, raw, styles))
     style = styles[mtype]
     if style == "llama":  # shapes this model cannot express are refused rather than counted wrongly
         for flag in HF_BIAS_FLAGS:

@@ -388,8 +388,9 @@
         var bit = valid ? bs.charAt(c.bits - 1 - idx) : "";
         b.setAttribute("data-bit", bit);
         b.setAttribute("aria-pressed", bit === "1" ? "true" : "false");
-        b.setAttribute("aria-label", c.fmt + " bit " + idx + ", " + b.getAttribute("data-field") +
-                       ", " + (bit || "not set"));
+        // the button's name: its visible digit and letter are aria-hidden, this text says them
+        b.querySelector(".bv-sr").textContent = c.fmt + " bit " + idx + ", " +
+          b.getAttribute("data-field") + ", " + (bit || "not set");
         b.querySelector(".bv-d").textContent = bit || "\u2013";
       }
       var errs = valid ? errorTexts(value, typed) : { abs: "\u2013", rel: "\u2013" };

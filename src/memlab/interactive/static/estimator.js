@@ -355,12 +355,41 @@
     return { values: values, used: used };
   }
 
+  /* memlab.model.config.hf_model_type: model_type, else the one architectures[0] implies. */
+  function hfModelType(raw, K) {
+    if (has(raw, "model_type")) {
+      return raw.model_type;
+    }
+    var archs = has(raw, "architectures") ? raw.architectures : null;
+    if (Array.isArray(archs) && archs.length && typeof archs[0] === "string" &&
+        has(K.hf.architectures, archs[0])) {
+      return K.hf.architectures[archs[0]];
+    }
+    return null;
+  }
+
+  function noFamily(source, raw, K) { // memlab.model.config._no_family
+    var styles = Object.keys(K.hf.styles);
+    if (has(raw, "model_type")) {
+      return source + " has model_type " + pyRepr(raw.model_type) + "; accepted: " +
+        styles.join(", ");
+    }
+    var archs = Object.keys(K.hf.architectures).filter(function (a) {
+      return has(K.hf.styles, K.hf.architectures[a]);
+    });
+    return source + " has no model_type and its architectures name no family read; accepted " +
+      "model_type: " + styles.join(", ") + "; or architectures: " + archs.join(", ");
+  }
+
   function configFromHF(raw, K, source) {
     if (raw === null || typeof raw !== "object" || Array.isArray(raw)) {
       fail(source + " must hold a JSON object");
     }
-    var mtype = has(raw, "model_type") ? raw.model_type : null;
+    var mtype = hfModelType(raw, K);
     var styles = Object.keys(K.hf.styles);
+    if (mtype === null) {
+      fail(noFamily(source, raw, K));
+    }
     if (typeof mtype === "string" && !has(K.hf.styles, mtype) && K.moe.expert_keys.some(function (k) {
       return has(raw, k);
     })) { // estimator_moe.refuse_other_moe
@@ -368,7 +397,7 @@
            "not read; accepted mixtures of experts: " + Object.keys(K.moe.styles).join(", "));
     }
     if (typeof mtype !== "string" || !has(K.hf.styles, mtype)) {
-      fail(source + " has model_type " + pyRepr(mtype) + "; accepted: " + styles.join(", "));
+      fail(noFamily(source, raw, K));
     }
     var style = K.hf.styles[mtype];
     if (style === "llama") {
@@ -644,14 +673,21 @@
       return r;
     }
 
+    /* A paste refused: its one-line error, and no numbers left on show from before it (they
+       would read as the refused config's); changing a control shows the menu's model again. */
+    function pasteFailed(message) {
+      pasteStatus.textContent = message;
+      pasteStatus.setAttribute("data-state", "error");
+      show({ error: message });
+    }
+
     function applyPasted() {
       var raw;
       try {
         raw = JSON.parse(pasteText.value);
       } catch (err) {
-        pasteStatus.textContent = "memlab: error: " + K.pasted_source + " is not valid JSON (" +
-          err.message + ")";
-        pasteStatus.setAttribute("data-state", "error");
+        pasteFailed("memlab: error: " + K.pasted_source + " is not valid JSON (" + err.message +
+                    ")");
         return;
       }
       try {
@@ -660,8 +696,7 @@
         if (!(err && err.memlab)) {
           throw err;
         }
-        pasteStatus.textContent = "memlab: error: " + err.message;
-        pasteStatus.setAttribute("data-state", "error");
+        pasteFailed("memlab: error: " + err.message);
         return;
       }
       pastedOption.disabled = false;
