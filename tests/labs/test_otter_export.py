@@ -18,8 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from memlab.errors import MemlabError
 from memlab.labs.grader import get_lab
-from memlab.labs.otter import graded_checks, main, requirements_text
+from memlab.labs.otter import (
+    GradedCheck,
+    doctest_source,
+    graded_checks,
+    main,
+    ok_test_text,
+    requirements_text,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_NOTEBOOKS = sorted((ROOT / "labs").glob("lab*.ipynb"))
@@ -88,3 +96,31 @@ def test_a_bad_lab_path_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no_such_lab.ipynb" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def _graded(source: str, **meta) -> dict:
+    nbgrader = {"grade": True, "grade_id": "check-1", "points": 1, **meta}
+    return {"cells": [{"cell_type": "code", "source": source, "metadata": {"nbgrader": nbgrader}}]}
+
+
+def test_a_graded_cell_without_its_hidden_test_is_refused_in_one_line():
+    with pytest.raises(MemlabError, match="BEGIN HIDDEN TESTS") as err:
+        graded_checks(_graded('lab.check("1", answer)\n'), "lab.ipynb")
+    assert "\n" not in str(err.value)
+    with pytest.raises(MemlabError, match="points must be a positive number"):
+        graded_checks(_graded("### BEGIN HIDDEN TESTS\nassert x\n### END HIDDEN TESTS\n",
+                              points=0), "lab.ipynb")
+    with pytest.raises(MemlabError, match="no graded cell"):
+        graded_checks({"cells": []}, "lab.ipynb")
+
+
+def test_hidden_tests_become_a_doctest_of_the_same_statements():
+    code = 'assert lab.passed("2.1")\nfor x in (1, 2):\n    assert x\n'
+    (check,) = graded_checks(_graded(f"lab.check('2.1', f)\n### BEGIN HIDDEN TESTS\n{code}"
+                                     "### END HIDDEN TESTS\n"), "lab.ipynb")
+    assert check == GradedCheck("check-1", 1, code.strip())
+    assert doctest_source(check.test) == ('>>> assert lab.passed("2.1")\n>>> for x in (1, 2):\n'
+                                          "...     assert x\n...\n")
+    namespace: dict = {}
+    exec(ok_test_text(check), namespace)
+    assert namespace["test"]["points"] == 1 and namespace["OK_FORMAT"] is True

@@ -130,8 +130,11 @@ def _normalized_zip(raw: Path, dest: Path) -> None:
 
 def autograder_zip(notebook: Path, dest: Path) -> list[GradedCheck]:
     """Write the otter autograder zip of one instructor lab notebook; returns its checks (chapter: labs)."""
-    from otter.generate import main as otter_generate  # the `grading` extra
-
+    try:
+        from otter.generate import main as otter_generate
+    except ImportError as exc:
+        raise MemlabError(f"otter-grader is needed to write an autograder ({exc}); install it "
+                          f"with pip install '{DISTRIBUTION}[grading]'") from None
     nb = json.loads(Path(notebook).read_text(encoding="utf-8"))
     checks = graded_checks(nb, source_name=str(notebook))
     names = [c.name for c in checks]
