@@ -14,7 +14,7 @@ export MEMLAB_DEVICE ?= cpu
 export PYTHONHASHSEED := 0
 TIMINGS := _build/timings.txt
 
-.PHONY: setup book test lint unit nbval labs browser student student-check system freeze clean gpu-prepare gpu-unpack dist
+.PHONY: setup book test lint unit nbval labs browser student student-check system freeze clean gpu-prepare gpu-unpack dist autograders
 
 setup: $(STAMP)
 
@@ -64,6 +64,11 @@ nbval: setup
 student: setup
 	rm -f labs/student/*.ipynb
 	$(BIN)/python -m memlab.labs.student labs --out labs/student
+
+# Each lab's checks as an otter-grader autograder zip (autograders/<lab>.zip): `otter run` grades a
+# notebook with it locally, and the same zip uploads to Gradescope (README, "For instructors").
+autograders: setup
+	$(BIN)/python -m memlab.labs.otter labs --out autograders
 
 # The book build stops here when a committed student version is not what its lab now gives.
 student-check: setup
