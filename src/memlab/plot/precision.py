@@ -5,7 +5,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from memlab.errors import check_choice
-from memlab.plot.style import CATEGORY_COLORS, as_dict, style
+from memlab.plot.alt import describe
+from memlab.plot.style import CATEGORY_COLORS, MAX_FIGURE_WIDTH_IN, as_dict, style
 from memlab.units import UNITS
 
 # Chapter 2: mixed precision ---------------------------------------------------------------------
@@ -38,10 +39,10 @@ def loss_curves(result, title: str | None = None):
     style()
     d = as_dict(result)
     settings = d["settings"]
-    fig, axes = plt.subplots(1, len(settings), figsize=(4.6 * len(settings), 3.6), sharey=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(len(settings), 1, figsize=(MAX_FIGURE_WIDTH_IN, 1.4 + 2.7 * len(settings)),
+                             sharex=True, sharey=True, squeeze=False)
     best = d["task"]["entropy_nats"]
-    for ax, s in zip(axes[0], settings, strict=True):
+    for ax, s in zip(axes[:, 0], settings, strict=True):
         for run in s["runs"]:
             loss = [float("nan") if x is None else x for x in run["loss"]]
             color = MODE_COLORS.get(run["mode"], "0.5")
@@ -56,22 +57,23 @@ def loss_curves(result, title: str | None = None):
         ax.axhline(best, color="0.5", ls=":", lw=1)
         ax.annotate("best possible (entropy of the chain)", (0.98, best), ha="right",
                     va="bottom", xycoords=("axes fraction", "data"), fontsize=8, color="0.4")
-        ax.set_xlabel("step")
+        ax.set_ylabel("training loss (nats)")
         divisor = s["loss_divisor"]
         ax.set_title(f"loss / {divisor:,}: {s['tokens_per_gradient']:,} tokens per gradient"
                      if divisor > 1 else f"mean over {s['tokens_per_gradient']:,} tokens",
                      fontsize=10)
-    axes[0][0].set_ylabel("training loss (nats)")
+    axes[-1][0].set_xlabel("step")
     handles = {}
-    for ax in axes[0]:
+    for ax in axes[:, 0]:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, h)
-    fig.legend(handles.values(), handles.keys(), loc="center left", bbox_to_anchor=(0.86, 0.5),
-               fontsize=8)
+    ncol = 3
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=ncol, fontsize=9)
     if title:
         fig.suptitle(title, fontweight="bold")
-    fig.tight_layout(rect=(0, 0, 0.86, 1))
-    return fig
+    legend_in = 0.25 * -(-len(handles) // ncol) + 0.1
+    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
+    return describe(fig)
 
 
 def gradient_histogram(result, setting: str | None = None, mode: str = "fp32",
@@ -128,7 +130,7 @@ def gradient_histogram(result, setting: str | None = None, mode: str = "fp32",
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def memory_phase_parts(row: dict, phase: str) -> dict[str, int]:
@@ -212,7 +214,7 @@ def memory_by_mode(result, which: str = "large", unit: str | None = None,
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 # Number formats (chapter 2) -------------------------------------------------------------------
@@ -250,7 +252,7 @@ def format_ranges(thresholds: dict, title: str | None = None):
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def representable_values(values: dict, log: bool = True, title: str | None = None):
@@ -275,7 +277,7 @@ def representable_values(values: dict, log: bool = True, title: str | None = Non
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def relative_error_curves(curves: dict, eps: dict | None = None, bins: int = 300,
@@ -308,4 +310,4 @@ def relative_error_curves(curves: dict, eps: dict | None = None, bins: int = 300
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return fig
+    return describe(fig)
