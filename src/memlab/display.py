@@ -27,10 +27,11 @@ def frame_html(frame) -> str:
     shown = frame
     for i in range(frame.shape[1]):
         col = frame.iloc[:, i]
-        if col.dtype == object and col.isna().any():  # None in an object column prints "None"
+        # pandas writes na_rep for a float's NaN only: None, <NA> and NaT print as themselves
+        if getattr(col.dtype, "kind", "O") != "f" and col.isna().any():
             if shown is frame:
                 shown = frame.copy()
-            shown.isetitem(i, col.where(col.notna(), np.nan))
+            shown.isetitem(i, col.astype(object).where(col.notna(), np.nan))
     formatter = fmt.DataFrameFormatter(
         shown, na_rep=MISSING, float_format=get_option("display.float_format"), sparsify=None,
         justify=None, index_names=True, header=True, index=True, bold_rows=True, escape=True,

@@ -130,8 +130,15 @@ def test_a_frame_s_missing_values_are_dashes_and_the_rest_is_pandas_own():
     assert html.count(f"<td>{MISSING}</td>") == 3
     assert "None" not in html and "NaN" not in html
     assert "None" in repr(frame)  # the plain text stays pandas' own
-    full = pd.DataFrame({"ratio": [1.1, 2.25], "n": [1, 2]})
-    assert frame_html(full) == full._repr_html_()
+    nullable = pd.DataFrame({"n": pd.array([1, None], dtype="Int64"),
+                             "when": pd.to_datetime(["2026-01-01", None])})
+    assert frame_html(nullable).count(f"<td>{MISSING}</td>") == 2
+    index = pd.MultiIndex.from_tuples([("full", 2048), ("full", 8192), ("LoRA", 2048)],
+                                      names=["setup", "seq_len"])
+    for full in (pd.DataFrame({"ratio": [1.1, 2.25, 3.0], "n": [1, 2, 3]}),
+                 pd.DataFrame({"GiB": [80.0, 1 / 3, 2e9], "ok": [True, False, True]},
+                              index=index)):
+        assert frame_html(full) == full._repr_html_()  # nothing missing: pandas' own HTML
 
 
 def test_a_chapter_s_table_shows_dashes_where_a_format_was_not_tried():
@@ -140,8 +147,7 @@ def test_a_chapter_s_table_shows_dashes_where_a_format_was_not_tried():
     table = probe_formats("cpu")
     html = frame_html(table)
     assert "None" not in html and "NaN" not in html
-    if table.isna().any().any():
-        assert f"<td>{MISSING}</td>" in html
+    assert html.count(f"<td>{MISSING}</td>") == int(table.isna().sum().sum())
 
 
 # The built pages ---------------------------------------------------------------------------------
@@ -161,3 +167,22 @@ def test_every_image_of_a_chapter_page_has_alt_text_that_is_not_a_path(built_htm
                 bad.append(f"{page.name}: {img[:120]}")
     assert not bad, f"{len(bad)} images without alt text: " + "; ".join(bad[:5])
 
+
+
+def test_the_chapter_2_and_3_figures_without_a_result_say_what_they_show():
+    import torch
+
+    from memlab.precision import formats as F
+
+    figs = [
+        mplot.representable_values({f: F.representable(f) for f in ("fp8-e4m3", "fp8-e5m2")}),
+        mplot.format_ranges({f: F.thresholds(f) for f in F.FLOAT_FORMATS}),
+        mplot.quant_levels(torch.linspace(-1, 1, 9), {
+            "3 levels": (torch.tensor([-1.0, 0.0, 1.0]), torch.linspace(-1, 1, 9).round()),
+            "5 levels": (torch.linspace(-1, 1, 5), (torch.linspace(-1, 1, 9) * 2).round() / 2)}),
+    ]
+    for fig in figs:
+        assert figure_problems(fig) == []
+    assert "fp8-e4m3" in figure_alt(figs[0]) and "fp8-e5m2" in figure_alt(figs[0])
+    assert figure_alt(figs[2]).startswith("2 panels, top to bottom.") or \
+        figure_alt(figs[2]).startswith("Figure 'What a scheme can store'. 2 panels")

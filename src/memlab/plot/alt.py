@@ -134,12 +134,8 @@ def _panel(ax: Axes) -> str:
     title = _clean(ax.get_title())
     if title:
         parts[0] += f" titled '{title}'"
-    horizontal = kind.startswith("horizontal")
-    y_ticks = [t.get_text() for t in ax.get_yticklabels()]
-    x_ticks = [t.get_text() for t in ax.get_xticklabels()]
-    x = _axis(_label(ax, "x"), xs, ax.get_xscale(), x_ticks if not horizontal else [])
-    y = _axis(_label(ax, "y"), ys, ax.get_yscale(), y_ticks if horizontal or kind == "heat map"
-              else [])
+    x = _axis(_label(ax, "x"), xs, ax.get_xscale(), [t.get_text() for t in ax.get_xticklabels()])
+    y = _axis(_label(ax, "y"), ys, ax.get_yscale(), [t.get_text() for t in ax.get_yticklabels()])
     if y and x:
         parts.append(f"{y} against {x}")
     elif y or x:

@@ -263,8 +263,12 @@ def representable_values(values: dict, log: bool = True, title: str | None = Non
     style()
     names = list(values)
     fig, ax = plt.subplots(figsize=(8.0, 0.8 + 0.5 * len(names)))
+    said = []
     for i, name in enumerate(names):
         v = [float(x) for x in values[name]]
+        pos = [x for x in v if x > 0]
+        said.append(f"{name} {len(v):,} values" + (
+            f", the positive ones from {min(pos):.3g} to {max(pos):.3g}" if pos else ""))
         ax.vlines(v, i - 0.3, i + 0.3, color=FORMAT_COLORS.get(name, "0.3"), lw=0.8)
         ax.annotate(f"{len(v)} values", (1, i), xycoords=("axes fraction", "data"),
                     xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
@@ -277,7 +281,7 @@ def representable_values(values: dict, log: bool = True, title: str | None = Non
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return describe(fig)
+    return describe(fig, "Every value each format can represent, one tick each: " + "; ".join(said))
 
 
 def relative_error_curves(curves: dict, eps: dict | None = None, bins: int = 300,
