@@ -119,11 +119,11 @@ def attention_in_step(rows, title: str | None = None):
         ax2.semilogx(Ts, [100 * r.attention_share for r in sel], "o-", color=color,
                      label=att, base=2)
     ax.set_ylabel("saved activations (GiB)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     ax2.set_xlabel("sequence length T")
     ax2.set_ylabel("attention's share of saved activations (%)")
     ax2.set_ylim(0, 100)
-    ax2.legend(fontsize=8)
+    ax2.legend(fontsize=9)
     fig.suptitle(title or "Attention inside a training step", fontsize=10)
     fig.tight_layout()
     return describe(fig)

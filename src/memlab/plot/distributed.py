@@ -258,7 +258,7 @@ def gather_timeline(result, strategies=("zero3", "zero2"), unit: str | None = No
         ax.set_xlabel("event on rank 0, in order")
         ax.set_title(r.label, fontsize=9)
         ax.set_ylabel(f"gathered ({unit})")
-    axes[0][0].legend(fontsize=8, loc="center")
+    axes[0][0].legend(fontsize=9, loc="center")
     fig.suptitle(title or f"Parameters FSDP holds gathered during one step, {source}\n"
                  f"rank 0 of {_plural(result.world_size, 'rank')} ({_where(result)})",
                  fontsize=10)
@@ -354,7 +354,7 @@ def per_gpu_memory(sweep, what: str = "peak", gpu: str = "A100-80GB", unit: str 
         ax.set_ylabel(f"{what.replace('_', ' ')} per GPU ({unit})")
     for ax in axes[:-1, 0]:
         ax.set_xlabel("")
-    axes[0][0].legend(fontsize=8)
+    axes[0][0].legend(fontsize=9)
     s = sweep.setup
     fig.suptitle(title or textwrap.fill(
         f"Estimated per-GPU {what.replace('_', ' ')} against N: "
@@ -507,12 +507,12 @@ def throughput_scaling(rows, inputs: dict | None = None, title: str | None = Non
     ax.set_xlabel("")
     ax.set_ylabel("tokens/s per GPU,\nrelative to the fewest")
     ax.set_ylim(0, 1.08)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=9, loc="lower left")
     ax2.set_xscale("log", base=2)
     ax2.set_yscale("log")
     _gpu_axis(ax2)
     ax2.set_ylabel("seconds per step (s)")
-    ax2.legend(fontsize=8)
+    ax2.legend(fontsize=9)
     text = f": {_inputs_text(inputs)}" if inputs else ""
     fig.suptitle(title or textwrap.fill(f"Estimated per-GPU throughput against N{text}", 80),
                  fontsize=10)

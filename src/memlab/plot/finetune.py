@@ -117,7 +117,7 @@ def lora_context(sweep, title: str | None = None):
                 color=SETUP_COLORS["LoRA"], label="of which LoRA's saved activations")
     ax.set_ylabel("estimated peak (GiB)")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     ax2.semilogx(Ts, [r.lora_over_full for r in rows], "o-", base=2, color=SETUP_COLORS["LoRA"],
                  label="LoRA's peak / full's")
     ax2.semilogx(Ts, [r.activation_share for r in rows], "s--", base=2,
@@ -125,7 +125,7 @@ def lora_context(sweep, title: str | None = None):
     ax2.set_xlabel("sequence length T")
     ax2.set_ylabel("ratio")
     ax2.set_ylim(0, 1)
-    ax2.legend(fontsize=8)
+    ax2.legend(fontsize=9)
     fig.suptitle(title or f"{sweep.model}, batch {sweep.batch_size}: LoRA against full\n"
                  "fine-tuning as the context grows (estimated)", fontsize=10)
     fig.tight_layout()

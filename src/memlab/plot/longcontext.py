@@ -58,7 +58,7 @@ def long_context_pieces(table, axes=None, unit: str = "GiB", title: str | None =
         ax.set_xlabel("sequence length T (tokens)")
         ax.set_ylabel(f"bytes ({unit}), estimated")
         ax.set_title("full checkpointing" if ckpt else "no checkpointing", fontsize=9)
-        ax.legend(fontsize=8, loc="upper left")
+        ax.legend(fontsize=9, loc="upper left")
     finish(fig, made, title, (
         f"{table.model} ({table.vocab_size:,}-entry vocabulary), batch {table.batch_size}, "
         f"{table.precision}: what grows with T"))

@@ -229,7 +229,7 @@ def checkpoint_costs(costs, axes=None, unit: str | None = None, whole: bool = Fa
     ax.set_xticks(xs, names, fontsize=8)
     ax.set_ylabel(f"saved activations ({unit})")
     ax.set_title("bytes saved for the backward pass", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     w = 0.38
     ax2.bar(xs - w / 2, time_x, width=w, color=MEASURED_COLOR, label="time per step, measured")
     ax2.bar(xs + w / 2, flops_x, width=w, color=COUNTED_COLOR, label="FLOPs, counted")
@@ -237,7 +237,7 @@ def checkpoint_costs(costs, axes=None, unit: str | None = None, whole: bool = Fa
     ax2.set_xticks(xs, names, fontsize=8)
     ax2.set_ylabel("ratio to no checkpointing")
     ax2.set_title("cost against 'none'" + (" (early stop off)" if whole else ""), fontsize=9)
-    ax2.legend(fontsize=8, loc="upper left")
+    ax2.legend(fontsize=9, loc="upper left")
     s = costs.setup
     finish(fig, made, title, (
         f"Checkpointing {s['model']} ({s['parameters']:,} parameters) on "
@@ -275,7 +275,7 @@ def accumulation_sweep(sweep, axes=None, unit: str | None = None, title: str | N
     ax.set_xlabel("micro-batch size m x micro-batches k")
     ax.set_ylabel(f"peak of a step ({unit})")
     ax.set_title("peak bytes", fontsize=9)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=9, loc="lower left")
     ax2.bar(xs, [r.ms_per_sample for r in rows], width=0.6, color=MEASURED_COLOR,
             label="measured")
     ax2.set_xticks(xs, ticks)

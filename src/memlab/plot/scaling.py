@@ -106,7 +106,7 @@ def scaling_fit(grid, axes=None, title: str | None = None):
     ax.set_xlabel("tokens seen in training D")
     ax.set_ylabel("held-out loss (nats)")
     ax.set_title("loss against tokens; lines: the E-free fit", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
 
     # Middle: the grid's fits, compute-optimal N against C.
     flops = np.array([r.flops for r in runs], dtype=np.float64)
@@ -140,7 +140,7 @@ def scaling_fit(grid, axes=None, title: str | None = None):
     ax2.set_xlabel("compute budget C = 6ND (FLOPs)")
     ax2.set_ylabel("compute-optimal parameters N_opt")
     ax2.set_title("this grid's fits (bars: bootstrap intervals)", fontsize=9)
-    ax2.legend(fontsize=8)
+    ax2.legend(fontsize=9)
 
     # Right: the quoted fits over their own range.
     n_lo, n_hi = HOFFMANN_PARAMS_RANGE_QUOTED
@@ -162,7 +162,7 @@ def scaling_fit(grid, axes=None, title: str | None = None):
     ax3.set_xlabel("compute budget C (FLOPs)")
     ax3.set_ylabel("compute-optimal parameters N_opt")
     ax3.set_title("quoted fits (dashed: past the sizes they trained)", fontsize=9)
-    ax3.legend(fontsize=8, loc="upper left")
+    ax3.legend(fontsize=9, loc="upper left")
     finish(fig, made, title, (
         f"A scaling law fitted on {len(runs)} runs measured on {grid.device}, beside "
         "the quoted fits"))
