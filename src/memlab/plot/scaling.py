@@ -84,7 +84,7 @@ def scaling_fit(grid, axes=None, title: str | None = None):
     style()
     fig, (ax, ax2, ax3), made = many_axes(axes, 3, (MAX_FIGURE_WIDTH_IN, 12.6))
 
-    # Left: loss against tokens.
+    # Top: loss against tokens.
     sizes = sorted({r.n_params for r in runs})
     cmap = plt.get_cmap("viridis")
     tokens = np.array([r.tokens for r in runs], dtype=np.float64)
@@ -142,7 +142,7 @@ def scaling_fit(grid, axes=None, title: str | None = None):
     ax2.set_title("this grid's fits (bars: bootstrap intervals)", fontsize=9)
     ax2.legend(fontsize=9)
 
-    # Right: the quoted fits over their own range.
+    # Bottom: the quoted fits over their own range.
     n_lo, n_hi = HOFFMANN_PARAMS_RANGE_QUOTED
     for i, law in enumerate(PUBLISHED.values()):
         a = n_opt_exponent(law)
