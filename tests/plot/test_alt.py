@@ -12,6 +12,7 @@ import base64
 import io
 import os
 import re
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -161,6 +162,8 @@ def test_every_image_of_a_chapter_page_has_alt_text_that_is_not_a_path(built_htm
     bad = []
     for page in pages:
         for img in re.findall(r"<img\b[^>]*>", page.read_text(encoding="utf-8")):
+            if "_images/" not in img:  # the theme's logos: not the page's figures
+                continue
             alt = re.search(r'\balt="([^"]*)"', img)
             text = alt.group(1) if alt else ""
             if len(text.split()) < 4 or re.fullmatch(r"\S+\.(png|jpe?g|svg|gif)", text.strip()):
@@ -186,3 +189,48 @@ def test_the_chapter_2_and_3_figures_without_a_result_say_what_they_show():
     assert "fp8-e4m3" in figure_alt(figs[0]) and "fp8-e5m2" in figure_alt(figs[0])
     assert figure_alt(figs[2]).startswith("2 panels, top to bottom.") or \
         figure_alt(figs[2]).startswith("Figure 'What a scheme can store'. 2 panels")
+
+
+def test_the_estimated_figures_of_chapters_1_2_and_8_say_what_they_show():
+    import torch
+
+    from memlab.longcontext.where import length_table
+    from memlab.precision import formats as F
+
+    xs = torch.logspace(-8, 4, 1201, dtype=torch.float64)
+    curves = {f: (xs, F.relative_error(xs, f)) for f in ("fp16", "bf16")}
+    figs = {
+        "long_context_pieces": mplot.long_context_pieces(length_table("llama3.1-8b")),
+        "relative_error_curves": mplot.relative_error_curves(
+            curves, eps={f: F.spec(f).eps for f in curves}),
+        "error_histogram": mplot.error_histogram([0.01, -0.02, 0.005, 0.0]),
+    }
+    for name, fig in figs.items():
+        assert figure_problems(fig) == [], name
+    pieces = figure_alt(figs["long_context_pieces"])
+    assert pieces.startswith("Figure 'llama3.1-8b")
+    assert "2 panels, top to bottom" in pieces and "sequence length T (tokens)" in pieces
+    assert figs["long_context_pieces"].get_figwidth() <= mplot.MAX_FIGURE_WIDTH_IN
+
+
+def test_the_book_build_reads_the_alt_text_out_of_the_png(tmp_path):
+    """What _ext/memlab_alt.py puts into a page's <img alt>: the PNG's Description."""
+    sys.path.insert(0, str(REPO / "_ext"))
+    try:
+        from memlab_alt import png_description
+    finally:
+        sys.path.remove(str(REPO / "_ext"))
+    from memlab.plot.alt import _png_with_alt
+
+    fig = mplot.lora_diagram(64, 32, r=2)
+
+    def printer(f, **kw):
+        out = io.BytesIO()
+        f.savefig(out, format="png", **kw)
+        return out.getvalue()
+
+    png, metadata = _png_with_alt(printer)(fig)
+    (tmp_path / "f.png").write_bytes(png)
+    assert png_description(tmp_path / "f.png") == metadata["alt"] == figure_alt(fig)
+    (tmp_path / "g.png").write_bytes(b"not a png")
+    assert png_description(tmp_path / "g.png") == ""
