@@ -95,7 +95,7 @@ def _png_description(png: bytes) -> str:
     return Image.open(io.BytesIO(png)).info.get("Description", "")
 
 
-def test_a_notebook_s_figure_and_table_carry_alt_text_and_dashes():
+def test_a_notebook_s_figure_and_table_carry_alt_text_and_dashes(monkeypatch):
     """Executed by a kernel with the inline backend, as the book's build executes a chapter."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
@@ -104,13 +104,10 @@ def test_a_notebook_s_figure_and_table_carry_alt_text_and_dashes():
         nbformat.v4.new_code_cell("fig = mplot.lora_diagram(256, 128, r=2)"),
         nbformat.v4.new_code_cell("pd.DataFrame({'x': [1.5, None], 'ok': [True, None]})"),
     ])
-    env_path = os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])
-    os.environ["PYTHONPATH"] = env_path  # the kernel imports this tree's memlab
-    try:
-        nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
-                                resources={"metadata": {"path": str(REPO)}}).execute()
-    finally:
-        os.environ["PYTHONPATH"] = env_path.split(os.pathsep, 1)[1]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(  # the kernel imports this tree's memlab
+        [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO)}}).execute()
     shown = [o for o in nb.cells[1].outputs if "image/png" in o.get("data", {})]
     assert len(shown) == 1, nb.cells[1].outputs
     alt = shown[0]["metadata"]["image/png"]["alt"]
