@@ -109,10 +109,13 @@ def attention_in_step(rows, title: str | None = None):
     style()
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(MAX_FIGURE_WIDTH_IN, 6.6), sharex=True)
     colors = {"eager": "tab:red", "sdpa": "tab:blue", "flash": "tab:green"}
+    said = []
     for att, color in colors.items():
         sel = sorted((r for r in rows if r.attention == att), key=lambda r: r.T)
         if not sel:
             continue
+        said.append(f"{att} {100 * sel[0].attention_share:.0f}% at T = {sel[0].T:,}" + (
+            f" to {100 * sel[-1].attention_share:.0f}% at {sel[-1].T:,}" if len(sel) > 1 else ""))
         Ts = [r.T for r in sel]
         ax.loglog(Ts, [r.activations_bytes / 2**30 for r in sel], "o-", color=color,
                   label=f"{att} ({sel[0].how})", base=2)
@@ -126,4 +129,4 @@ def attention_in_step(rows, title: str | None = None):
     ax2.legend(fontsize=9)
     fig.suptitle(title or "Attention inside a training step", fontsize=10)
     fig.tight_layout()
-    return describe(fig)
+    return describe(fig, "Attention's share of the saved activations: " + "; ".join(said))

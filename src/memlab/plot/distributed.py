@@ -517,4 +517,9 @@ def throughput_scaling(rows, inputs: dict | None = None, title: str | None = Non
     fig.suptitle(title or textwrap.fill(f"Estimated per-GPU throughput against N{text}", 80),
                  fontsize=10)
     fig.tight_layout()
-    return describe(fig)
+    ends = []
+    for label, rs in curves.items():
+        last = max(rs, key=lambda r: r.gpus)
+        ends.append(f"{label + ': ' if label else ''}{last.relative:.2f} at N = {last.gpus:,}")
+    return describe(fig, "Estimated per-GPU throughput relative to the fewest GPUs', at the most "
+                    "GPUs: " + "; ".join(ends))

@@ -129,7 +129,12 @@ def lora_context(sweep, title: str | None = None):
     fig.suptitle(title or f"{sweep.model}, batch {sweep.batch_size}: LoRA against full\n"
                  "fine-tuning as the context grows (estimated)", fontsize=10)
     fig.tight_layout()
-    return describe(fig)
+    first, last = rows[0], rows[-1]
+    return describe(fig, (
+        f"LoRA's estimated peak over full fine-tuning's goes from {first.lora_over_full:.2f} at "
+        f"T = {first.seq_len:,} to {last.lora_over_full:.2f} at T = {last.seq_len:,}; saved "
+        f"activations are {first.activation_share:.0%} of LoRA's peak at first and "
+        f"{last.activation_share:.0%} at the end"))
 
 
 def fit_grid(fit, title: str | None = None):

@@ -73,7 +73,15 @@ def loss_curves(result, title: str | None = None):
         fig.suptitle(title, fontweight="bold")
     legend_in = 0.25 * -(-len(handles) // ncol) + 0.1
     fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
-    return describe(fig)
+    said = []
+    for s in settings:
+        last = {run["mode"]: next((x for x in reversed(run["loss"]) if x is not None), None)
+                for run in s["runs"]}
+        said.append(f"with {s['tokens_per_gradient']:,} tokens per gradient, the last step's "
+                    "loss is " + ", ".join(f"{m} {v:.3f}" if v is not None else f"{m} none"
+                                           for m, v in last.items()))
+    return describe(fig, f"Training loss per step against the best possible {best:.3f} nats; "
+                    + "; ".join(said))
 
 
 def gradient_histogram(result, setting: str | None = None, mode: str = "fp32",
@@ -214,7 +222,11 @@ def memory_by_mode(result, which: str = "large", unit: str | None = None,
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return describe(fig)
+    peaks = "; ".join(f"{r['mode']}" + (f", batch {r['batch_size']}," if len(batches) > 1 else "")
+                      + f" {r['peak_bytes'] / scale:,.2f} {unit}" + (
+        f" ({r['peak_ratio_to_fp32']:.2f}x fp32's)" if r.get("peak_ratio_to_fp32") else "")
+        for r in rows)
+    return describe(fig, f"Peak of a step by mode, {how}: {peaks}")
 
 
 # Number formats (chapter 2) -------------------------------------------------------------------
