@@ -180,8 +180,11 @@ def memory_by_mode(result, which: str = "large", unit: str | None = None,
     batches = {r["batch_size"] for r in rows}
     phases = list(PHASE_SHORT)
     gap = 1.0
-    width = min(14.0, max(8.0, 0.62 * len(rows) * (len(phases) + gap)))
-    fig, ax = plt.subplots(figsize=(width, 4.4))
+    # up to five modes at the column's width, their legend below; more get wider
+    narrow = len(rows) <= 5
+    width = MAX_FIGURE_WIDTH_IN if narrow else \
+        min(14.0, max(8.0, 0.62 * len(rows) * (len(phases) + gap)))
+    fig, ax = plt.subplots(figsize=(width, 5.4 if narrow else 4.4))
     xs, tick_labels, bars = [], [], []  # one entry per bar: (row, phase)
     for i, r in enumerate(rows):
         for j, phase in enumerate(phases):
@@ -217,7 +220,10 @@ def memory_by_mode(result, which: str = "large", unit: str | None = None,
     ax.set_xlabel(f"{how}: {model}, {shape}; peak of each mode labelled ({unit}, x fp32's)",
                   labelpad=26)
     ax.set_ylim(0, max(bottom + [1e-9]) * 1.18)
-    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    if narrow:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, fontsize=9)
+    else:
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     ax.grid(axis="x", visible=False)
     if title:
         ax.set_title(title)
