@@ -72,6 +72,23 @@ def _tick(run) -> str:
     return textwrap.fill(run.label, 16)
 
 
+BARS_AT_COLUMN_WIDTH = 5  # strategies a bar figure draws at the column's width, legend below
+
+
+def _bars_size(n: int, height: float) -> tuple[float, float]:
+    """A bar per strategy: the column's width up to five, its legend below; wider past that."""
+    if n <= BARS_AT_COLUMN_WIDTH:
+        return MAX_FIGURE_WIDTH_IN, height + 1.4
+    return max(7.0, 1.15 * n + 2.8), height
+
+
+def _bars_legend(ax, n: int) -> None:
+    if n <= BARS_AT_COLUMN_WIDTH:
+        ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    else:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+
+
 def rank_memory(result, rank: int = 0, unit: str | None = None, source: str = "measured",
                 title: str | None = None):
     """One rank's bytes by category, a stacked bar per strategy (chapter: 6).
@@ -91,7 +108,7 @@ def rank_memory(result, rank: int = 0, unit: str | None = None, source: str = "m
     largest = max([*tops, *(k.peak_bytes for k in ranks),
                    *(r.formula_bytes for r in runs)], default=0)
     unit, scale = _unit(unit, largest)
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.15 * len(runs) + 2.8), 4.4))
+    fig, ax = plt.subplots(figsize=_bars_size(len(runs), 4.4))
     xs = list(range(len(runs)))
     bottom = [0.0] * len(runs)
     for cat, field in RANK_CATEGORIES.items():
@@ -113,10 +130,10 @@ def rank_memory(result, rank: int = 0, unit: str | None = None, source: str = "m
         y = max(top, k.peak_bytes / scale, r.formula_bytes / scale)
         ax.annotate(f"states\n{ratio:.2f}x formula", (x, y), xytext=(0, 5), textcoords="offset points",
                     ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(xs, [f"{_tick(r)}\n{r.formula}" for r in runs], fontsize=7)
+    ax.set_xticks(xs, [f"{_tick(r)}\n{r.formula}" for r in runs], fontsize=8)
     ax.set_ylabel(f"bytes on rank {rank} ({unit})")
     ax.set_ylim(0, largest / scale * 1.25 if largest else 1)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    _bars_legend(ax, len(runs))
     world = result.world_size
     ax.set_title(title or f"Bytes by strategy on rank {rank} of {_plural(world, 'rank')}, {source}\n"
                  f"{result.parameters:,} parameters ({result.layout}), "
@@ -281,7 +298,7 @@ def comm_by_strategy(result, rank: int = 0, unit: str | None = None, source: str
     largest = max([*(k.comm_volume_bytes for k in ranks),
                    *(r.comm_formula_bytes for r in runs)], default=0)
     unit, scale = _unit(unit, largest)
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.15 * len(runs) + 2.8), 4.2))
+    fig, ax = plt.subplots(figsize=_bars_size(len(runs), 4.2))
     xs = list(range(len(runs)))
     bottom = [0.0] * len(runs)
     for c in COLLECTIVES:
@@ -301,10 +318,10 @@ def comm_by_strategy(result, rank: int = 0, unit: str | None = None, source: str
         ratio = f"\nx{k.comm_volume_bytes / (form * scale):.2f}" if form else ""
         ax.annotate(f"{factor:.3g}Ψ{ratio}", (x, max(top, form)), xytext=(0, 5),
                     textcoords="offset points", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(xs, [_tick(r) for r in runs], fontsize=7)
+    ax.set_xticks(xs, [_tick(r) for r in runs], fontsize=8)
     ax.set_ylabel(f"bytes per step, payloads ({unit})")
     ax.set_ylim(0, largest / scale * 1.3 if largest else 1)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    _bars_legend(ax, len(runs))
     ax.set_title(title or f"Communication per step by strategy, {source}\nrank {rank} of "
                  f"{_plural(result.world_size, 'rank')} ({_where(result)})", fontsize=10)
     fig.tight_layout()
