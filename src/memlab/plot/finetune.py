@@ -74,7 +74,9 @@ def memory_by_setup(comparison, unit: str | None = None, title: str | None = Non
     peak = max((r.peak_bytes for r in rows), default=0)
     unit = unit or ("GiB" if peak >= 2**30 else "MiB")
     scale = UNITS[check_choice("unit", unit, UNITS)]
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * len(rows) + 2.5), 4.2))
+    narrow = len(rows) <= 6  # at the column's width, the legend below
+    fig, ax = plt.subplots(figsize=(MAX_FIGURE_WIDTH_IN, 5.4) if narrow else
+                           (1.3 * len(rows) + 2.5, 4.2))
     xs = range(len(rows))
     bottom = [0.0] * len(rows)
     for cat, color in CATEGORY_COLORS.items():
@@ -91,11 +93,16 @@ def memory_by_setup(comparison, unit: str | None = None, title: str | None = Non
                   fontsize=7)
     ax.set_ylabel(f"bytes at the step's peak ({unit})")
     ax.set_ylim(0, max(bottom, default=1) * 1.18)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    if narrow:
+        ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
+    else:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set_title(title or f"One fine-tuning step by set-up, measured on {comparison.device}",
                  fontsize=10)
     fig.tight_layout()
-    return describe(fig)
+    return describe(fig, "Peak of one fine-tuning step by set-up: " + "; ".join(
+        f"{r.name} {r.peak_bytes / scale:,.1f} {unit} ({r.peak_bytes / ref:.2f}x the first)"
+        for r in rows))
 
 
 def lora_context(sweep, title: str | None = None):
