@@ -50,8 +50,25 @@ def _require_or_skip() -> object:
 
 
 @pytest.fixture(autouse=True)
-def _close_figures():
-    """Close the figures a test drew (only if it drew any)."""
+def _close_figures(monkeypatch):
+    """Close the figures a test drew (only if it drew any), each plot function's checked first.
+
+    A figure a :mod:`memlab.plot` function drew must say what it shows and fit the column
+    (:func:`memlab.plot.alt.figure_problems`), whichever test drew it and however it closes it.
+    """
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is not None:
+        close = plt.close
+
+        def checked_close(fig=None):
+            alt = sys.modules.get("memlab.plot.alt")
+            figs = [] if alt is None else [plt.figure(n) for n in plt.get_fignums()] \
+                if fig is None or isinstance(fig, str) else [fig] if hasattr(fig, "get_axes") else []
+            problems = [p for f in figs if hasattr(f, alt.ALT_ATTR) for p in alt.figure_problems(f)]
+            close(fig)
+            assert not problems, "; ".join(problems)
+
+        monkeypatch.setattr(plt, "close", checked_close)
     yield
     if "matplotlib.pyplot" in sys.modules:
         sys.modules["matplotlib.pyplot"].close("all")

@@ -6,7 +6,10 @@ command line (``python -m memlab run <experiment> --scale full --out results/``)
 
 from memlab._lazy import lazy_exports
 from memlab._version import __version__
+from memlab.display import register as _show_tables
 from memlab.errors import MemlabError
+
+_show_tables()  # in a notebook, a table's missing values show as — (memlab.display)
 
 # The rest on first use: the configuration and the estimator import without torch.
 __getattr__, __dir__ = lazy_exports(__name__, {

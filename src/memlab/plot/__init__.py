@@ -10,6 +10,11 @@ Names are imported on first use (:mod:`memlab._lazy`).
 from memlab._lazy import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(__name__, {
+    "memlab.plot.alt": (
+        "describe",
+        "figure_alt",
+        "figure_problems",
+    ),
     "memlab.plot.attention": (
         "IMPL_STYLE",
         "attention_in_step",
@@ -95,6 +100,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "memlab.plot.style": (
         "CATEGORY_COLORS",
         "CATEGORY_LABELS",
+        "MAX_FIGURE_WIDTH_IN",
         "as_dict",
         "style",
     ),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from memlab.plot.style import style
+from memlab.plot.alt import describe
+from memlab.plot.style import MAX_FIGURE_WIDTH_IN, style
 
 IMPL_STYLE = {"naive": ("tab:red", "o"), "sdpa-math": ("tab:orange", "s"),
               "sdpa-flash": ("tab:blue", "D"), "sdpa-efficient": ("tab:cyan", "v"),
@@ -33,7 +34,7 @@ def attention_memory(sweep, what: str = "saved_bytes", title: str | None = None)
     ax.legend(fontsize=8)
     ax.set_title(title or "One attention call: memory against T", fontsize=10)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def tiling(T: int, block: int, *, offset: int = 0, title: str | None = None):
@@ -69,7 +70,7 @@ def tiling(T: int, block: int, *, offset: int = 0, title: str | None = None):
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
     ax.set_title(title or f"Causal tiles: T = {T}, block {block}", fontsize=10)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def traffic(rows, title: str | None = None):
@@ -97,7 +98,7 @@ def traffic(rows, title: str | None = None):
     ax.legend(fontsize=7)
     ax.set_title(title or "Memory traffic of the forward pass", fontsize=10)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def attention_in_step(rows, title: str | None = None):
@@ -106,24 +107,26 @@ def attention_in_step(rows, title: str | None = None):
     ``rows`` are :class:`memlab.attention.StepRow` of one model.
     """
     style()
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(MAX_FIGURE_WIDTH_IN, 6.6), sharex=True)
     colors = {"eager": "tab:red", "sdpa": "tab:blue", "flash": "tab:green"}
+    said = []
     for att, color in colors.items():
         sel = sorted((r for r in rows if r.attention == att), key=lambda r: r.T)
         if not sel:
             continue
+        said.append(f"{att} {100 * sel[0].attention_share:.0f}% at T = {sel[0].T:,}" + (
+            f" to {100 * sel[-1].attention_share:.0f}% at {sel[-1].T:,}" if len(sel) > 1 else ""))
         Ts = [r.T for r in sel]
         ax.loglog(Ts, [r.activations_bytes / 2**30 for r in sel], "o-", color=color,
                   label=f"{att} ({sel[0].how})", base=2)
         ax2.semilogx(Ts, [100 * r.attention_share for r in sel], "o-", color=color,
                      label=att, base=2)
-    ax.set_xlabel("sequence length T")
     ax.set_ylabel("saved activations (GiB)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     ax2.set_xlabel("sequence length T")
     ax2.set_ylabel("attention's share of saved activations (%)")
     ax2.set_ylim(0, 100)
-    ax2.legend(fontsize=8)
+    ax2.legend(fontsize=9)
     fig.suptitle(title or "Attention inside a training step", fontsize=10)
     fig.tight_layout()
-    return fig
+    return describe(fig, "Attention's share of the saved activations: " + "; ".join(said))

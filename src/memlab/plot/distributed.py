@@ -15,7 +15,8 @@ import matplotlib.pyplot as plt
 from memlab.distributed.comm import COLLECTIVES, VOLUME_FACTOR
 from memlab.distributed.zero import LAYOUTS, STAGES, check_gpus, check_stage, formula, model_states
 from memlab.errors import MemlabError, check_choice
-from memlab.plot.style import CATEGORY_COLORS, CATEGORY_LABELS, style
+from memlab.plot.alt import describe
+from memlab.plot.style import CATEGORY_COLORS, CATEGORY_LABELS, MAX_FIGURE_WIDTH_IN, style
 from memlab.plot.timeline import PHASE_SHADES
 from memlab.units import UNITS, to_unit
 
@@ -71,6 +72,23 @@ def _tick(run) -> str:
     return textwrap.fill(run.label, 16)
 
 
+BARS_AT_COLUMN_WIDTH = 5  # strategies a bar figure draws at the column's width, legend below
+
+
+def _bars_size(n: int, height: float) -> tuple[float, float]:
+    """A bar per strategy: the column's width up to five, its legend below; wider past that."""
+    if n <= BARS_AT_COLUMN_WIDTH:
+        return MAX_FIGURE_WIDTH_IN, height + 1.4
+    return max(7.0, 1.15 * n + 2.8), height
+
+
+def _bars_legend(ax, n: int) -> None:
+    if n <= BARS_AT_COLUMN_WIDTH:
+        ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    else:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+
+
 def rank_memory(result, rank: int = 0, unit: str | None = None, source: str = "measured",
                 title: str | None = None):
     """One rank's bytes by category, a stacked bar per strategy (chapter: 6).
@@ -90,7 +108,7 @@ def rank_memory(result, rank: int = 0, unit: str | None = None, source: str = "m
     largest = max([*tops, *(k.peak_bytes for k in ranks),
                    *(r.formula_bytes for r in runs)], default=0)
     unit, scale = _unit(unit, largest)
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.15 * len(runs) + 2.8), 4.4))
+    fig, ax = plt.subplots(figsize=_bars_size(len(runs), 4.4))
     xs = list(range(len(runs)))
     bottom = [0.0] * len(runs)
     for cat, field in RANK_CATEGORIES.items():
@@ -112,16 +130,16 @@ def rank_memory(result, rank: int = 0, unit: str | None = None, source: str = "m
         y = max(top, k.peak_bytes / scale, r.formula_bytes / scale)
         ax.annotate(f"states\n{ratio:.2f}x formula", (x, y), xytext=(0, 5), textcoords="offset points",
                     ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(xs, [f"{_tick(r)}\n{r.formula}" for r in runs], fontsize=7)
+    ax.set_xticks(xs, [f"{_tick(r)}\n{r.formula}" for r in runs], fontsize=8)
     ax.set_ylabel(f"bytes on rank {rank} ({unit})")
     ax.set_ylim(0, largest / scale * 1.25 if largest else 1)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    _bars_legend(ax, len(runs))
     world = result.world_size
     ax.set_title(title or f"Bytes by strategy on rank {rank} of {_plural(world, 'rank')}, {source}\n"
                  f"{result.parameters:,} parameters ({result.layout}), "
                  f"{_where(result)}", fontsize=10)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def who_holds_what(gpus: int = 4, *, stages=STAGES, layout: str = "mixed",
@@ -147,6 +165,7 @@ def who_holds_what(gpus: int = 4, *, stages=STAGES, layout: str = "mixed",
     per_byte = dict(zip(MODEL_STATE_CATEGORIES, LAYOUTS[layout], strict=True))
     n_params = gpus * 1_000_000  # any multiple of N: the shards come out exact
     seg, gap, height = 1.0, 0.7, 0.72
+    said = []
     fig, ax = plt.subplots(figsize=(2.3 * len(stages) + 1.2, 1.5 + 0.42 * gpus))
     for j, stage in enumerate(stages):
         held = model_states(n_params, stage, gpus, layout=layout)
@@ -163,6 +182,7 @@ def who_holds_what(gpus: int = 4, *, stages=STAGES, layout: str = "mixed",
                                                width, height, facecolor=CATEGORY_COLORS[cat],
                                                edgecolor="none"))
         per_param = held.total / n_params
+        said.append(f"stage {stage} {per_param:g}")
         name = f"stage {stage}" + (" (DDP)" if stage == 0 else "")
         ax.text(x0 + 1.5 * seg, gpus + 0.15, f"{name}\n{formula(stage, layout=layout)}\n"
                 f"= {per_param:g} bytes/parameter at N={gpus}", ha="center", va="bottom",
@@ -187,7 +207,10 @@ def who_holds_what(gpus: int = 4, *, stages=STAGES, layout: str = "mixed",
     ax.set_title(title or f"Who holds what on N = {gpus} GPUs, by ZeRO stage ({layout}: "
                  f"{p}Ψ + {g}Ψ + {k}Ψ), computed from the formulas", fontsize=10)
     fig.tight_layout()
-    return fig
+    return describe(fig, (
+        f"Diagram: for each ZeRO stage, which of {gpus} ranks holds the parameters, gradients "
+        f"and optimizer states whole and which holds a 1/{gpus} share; bytes per parameter on "
+        "one GPU: " + ", ".join(said)))
 
 
 def _phases(events) -> list[str]:
@@ -224,10 +247,10 @@ def gather_timeline(result, strategies=("zero3", "zero2"), unit: str | None = No
     whole = result.parameters * LAYOUTS[result.layout][0]
     largest = max([whole, *(b for r in runs for _, b in r.gather_timeline)])
     unit, scale = _unit(unit, largest)
-    fig, axes = plt.subplots(1, len(runs), figsize=(4.6 * len(runs) + 0.6, 3.9), sharey=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(MAX_FIGURE_WIDTH_IN, 1.2 + 2.7 * len(runs)),
+                             sharey=True, squeeze=False)
     top = largest / scale * 1.2
-    for ax, r in zip(axes[0], runs, strict=True):
+    for ax, r in zip(axes[:, 0], runs, strict=True):
         events = list(r.gather_timeline)
         phases = _phases(events)
         start = 0
@@ -251,13 +274,13 @@ def gather_timeline(result, strategies=("zero3", "zero2"), unit: str | None = No
         ax.set_ylim(0, top)
         ax.set_xlabel("event on rank 0, in order")
         ax.set_title(r.label, fontsize=9)
-    axes[0][0].set_ylabel(f"parameters gathered ({unit})")
-    axes[0][0].legend(fontsize=7, loc="center")
+        ax.set_ylabel(f"gathered ({unit})")
+    axes[0][0].legend(fontsize=9, loc="center")
     fig.suptitle(title or f"Parameters FSDP holds gathered during one step, {source}\n"
                  f"rank 0 of {_plural(result.world_size, 'rank')} ({_where(result)})",
                  fontsize=10)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def comm_by_strategy(result, rank: int = 0, unit: str | None = None, source: str = "measured",
@@ -275,7 +298,7 @@ def comm_by_strategy(result, rank: int = 0, unit: str | None = None, source: str
     largest = max([*(k.comm_volume_bytes for k in ranks),
                    *(r.comm_formula_bytes for r in runs)], default=0)
     unit, scale = _unit(unit, largest)
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.15 * len(runs) + 2.8), 4.2))
+    fig, ax = plt.subplots(figsize=_bars_size(len(runs), 4.2))
     xs = list(range(len(runs)))
     bottom = [0.0] * len(runs)
     for c in COLLECTIVES:
@@ -295,14 +318,14 @@ def comm_by_strategy(result, rank: int = 0, unit: str | None = None, source: str
         ratio = f"\nx{k.comm_volume_bytes / (form * scale):.2f}" if form else ""
         ax.annotate(f"{factor:.3g}Ψ{ratio}", (x, max(top, form)), xytext=(0, 5),
                     textcoords="offset points", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(xs, [_tick(r) for r in runs], fontsize=7)
+    ax.set_xticks(xs, [_tick(r) for r in runs], fontsize=8)
     ax.set_ylabel(f"bytes per step, payloads ({unit})")
     ax.set_ylim(0, largest / scale * 1.3 if largest else 1)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    _bars_legend(ax, len(runs))
     ax.set_title(title or f"Communication per step by strategy, {source}\nrank {rank} of "
                  f"{_plural(result.world_size, 'rank')} ({_where(result)})", fontsize=10)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def _gpu_axis(ax) -> None:
@@ -332,9 +355,9 @@ def per_gpu_memory(sweep, what: str = "peak", gpu: str = "A100-80GB", unit: str 
     style()
     models, gpus = list(sweep.models), list(sweep.gpus)
     values = getattr(sweep, SWEEP_VALUES[what])
-    fig, axes = plt.subplots(1, len(models), figsize=(3.6 * len(models) + 1.0, 3.9), sharey=True,
-                             squeeze=False)
-    for ax, model in zip(axes[0], models, strict=True):
+    fig, axes = plt.subplots(len(models), 1, figsize=(MAX_FIGURE_WIDTH_IN, 1.2 + 2.6 * len(models)),
+                             sharex=True, sharey=True, squeeze=False)
+    for ax, model in zip(axes[:, 0], models, strict=True):
         for stage in sweep.stages:
             ys = [v / scale for v in values[model][stage]]
             ax.loglog(gpus, ys, "o-", base=2, markersize=3.5, color=STAGE_COLORS[stage],
@@ -345,15 +368,18 @@ def per_gpu_memory(sweep, what: str = "peak", gpu: str = "A100-80GB", unit: str 
         _gpu_axis(ax)
         ax.set_title(f"{model} ({sweep.parameters[model] / 1e9:.1f}B parameters)",
                      fontsize=9)
-    axes[0][0].set_ylabel(f"estimated {what.replace('_', ' ')} per GPU ({unit})")
-    axes[0][0].legend(fontsize=7, loc="upper right")
+        ax.set_ylabel(f"{what.replace('_', ' ')} per GPU ({unit})")
+    for ax in axes[:-1, 0]:
+        ax.set_xlabel("")
+    axes[0][0].legend(fontsize=9)
     s = sweep.setup
-    fig.suptitle(title or f"Estimated per-GPU {what.replace('_', ' ')} against N: "
-                 f"{s['precision']}, batch {s['batch_size']} x {s['seq_len']} tokens per GPU"
-                 + (", checkpointing" if s["checkpointing"] else "")
-                 + (f", offload {s['offload']}" if s["offload"] != "none" else ""), fontsize=10)
+    fig.suptitle(title or textwrap.fill(
+        f"Estimated per-GPU {what.replace('_', ' ')} against N: "
+        f"{s['precision']}, batch {s['batch_size']} x {s['seq_len']} tokens per GPU"
+        + (", checkpointing" if s["checkpointing"] else "")
+        + (f", offload {s['offload']}" if s["offload"] != "none" else ""), 80), fontsize=10)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def pipeline_bubble(result, source: str = "measured", title: str | None = None):
@@ -398,7 +424,7 @@ def pipeline_bubble(result, source: str = "measured", title: str | None = None):
     ax.set_title(title or f"GPipe's bubble on {p} stages, {source} ({_where(result)}): "
                  f"{cfg['name']}, batch {B} x {T}", fontsize=10)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def pipeline_schedule(result, source: str = "measured", title: str | None = None):
@@ -444,7 +470,7 @@ def pipeline_schedule(result, source: str = "measured", title: str | None = None
     fig.suptitle(title or f"GPipe's schedule from the stage times measured alone "
                  f"({_where(result)}): {cfg['name']}, batch {B} x {T}", fontsize=10)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def _inputs_text(inputs: dict) -> str:
@@ -474,7 +500,7 @@ def throughput_scaling(rows, inputs: dict | None = None, title: str | None = Non
     curves = dict(rows) if isinstance(rows, dict) else {"": list(rows)}
     if not curves or not all(curves.values()):
         raise MemlabError("throughput_scaling needs at least one row per curve")
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(MAX_FIGURE_WIDTH_IN, 7.0), sharex=True)
     for i, (label, rs) in enumerate(curves.items()):
         rs = sorted(rs, key=lambda r: r.gpus)
         ns = [r.gpus for r in rs]
@@ -495,16 +521,22 @@ def throughput_scaling(rows, inputs: dict | None = None, title: str | None = Non
                 transform=ax.get_xaxis_transform())
     ax.set_xscale("log", base=2)
     _gpu_axis(ax)
-    ax.set_ylabel("tokens/s per GPU, relative to the fewest GPUs")
+    ax.set_xlabel("")
+    ax.set_ylabel("tokens/s per GPU,\nrelative to the fewest")
     ax.set_ylim(0, 1.08)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=9, loc="lower left")
     ax2.set_xscale("log", base=2)
     ax2.set_yscale("log")
     _gpu_axis(ax2)
     ax2.set_ylabel("seconds per step (s)")
-    ax2.legend(fontsize=7)
+    ax2.legend(fontsize=9)
     text = f": {_inputs_text(inputs)}" if inputs else ""
-    fig.suptitle(title or textwrap.fill(f"Estimated per-GPU throughput against N{text}", 120),
+    fig.suptitle(title or textwrap.fill(f"Estimated per-GPU throughput against N{text}", 80),
                  fontsize=10)
     fig.tight_layout()
-    return fig
+    ends = []
+    for label, rs in curves.items():
+        last = max(rs, key=lambda r: r.gpus)
+        ends.append(f"{label + ': ' if label else ''}{last.relative:.2f} at N = {last.gpus:,}")
+    return describe(fig, "Estimated per-GPU throughput relative to the fewest GPUs', at the most "
+                    "GPUs: " + "; ".join(ends))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from memlab.errors import check_choice
-from memlab.plot.style import CATEGORY_COLORS, CATEGORY_LABELS, style
+from memlab.plot.alt import describe
+from memlab.plot.style import CATEGORY_COLORS, CATEGORY_LABELS, MAX_FIGURE_WIDTH_IN, style
 from memlab.units import UNITS
 
 SETUP_COLORS = {"full": "tab:red", "LoRA": "tab:blue", "share": "tab:purple"}
@@ -54,7 +55,12 @@ def lora_diagram(in_features: int = 4096, out_features: int = 4096, r: int = 8,
     ax.set_title(title or f"LoRA: W + (α/r) B A, rank r = {r} (r drawn wider than to scale)",
                  fontsize=10)
     fig.tight_layout()
-    return fig
+    trainable = r * (in_features + out_features)
+    return describe(fig, (
+        f"Diagram of LoRA: the frozen weight W, {out_features:,} x {in_features:,} "
+        f"({out_features * in_features:,} weights), plus alpha/r times B ({out_features:,} x {r}, "
+        f"starting at 0) times A ({r} x {in_features:,}); B and A hold {trainable:,} trainable "
+        f"weights, {trainable / (in_features * out_features):.2%} of W"))
 
 
 def memory_by_setup(comparison, unit: str | None = None, title: str | None = None):
@@ -68,7 +74,9 @@ def memory_by_setup(comparison, unit: str | None = None, title: str | None = Non
     peak = max((r.peak_bytes for r in rows), default=0)
     unit = unit or ("GiB" if peak >= 2**30 else "MiB")
     scale = UNITS[check_choice("unit", unit, UNITS)]
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * len(rows) + 2.5), 4.2))
+    narrow = len(rows) <= 6  # at the column's width, the legend below
+    fig, ax = plt.subplots(figsize=(MAX_FIGURE_WIDTH_IN, 5.4) if narrow else
+                           (1.3 * len(rows) + 2.5, 4.2))
     xs = range(len(rows))
     bottom = [0.0] * len(rows)
     for cat, color in CATEGORY_COLORS.items():
@@ -85,11 +93,16 @@ def memory_by_setup(comparison, unit: str | None = None, title: str | None = Non
                   fontsize=7)
     ax.set_ylabel(f"bytes at the step's peak ({unit})")
     ax.set_ylim(0, max(bottom, default=1) * 1.18)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    if narrow:
+        ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
+    else:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.set_title(title or f"One fine-tuning step by set-up, measured on {comparison.device}",
                  fontsize=10)
     fig.tight_layout()
-    return fig
+    return describe(fig, "Peak of one fine-tuning step by set-up: " + "; ".join(
+        f"{r.name} {r.peak_bytes / scale:,.1f} {unit} ({r.peak_bytes / ref:.2f}x the first)"
+        for r in rows))
 
 
 def lora_context(sweep, title: str | None = None):
@@ -102,17 +115,16 @@ def lora_context(sweep, title: str | None = None):
     style()
     rows = sorted(sweep.rows, key=lambda r: r.seq_len)
     Ts = [r.seq_len for r in rows]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(MAX_FIGURE_WIDTH_IN, 6.8), sharex=True)
     ax.semilogx(Ts, [r.full_peak_bytes / 2**30 for r in rows], "o-", base=2,
                 color=SETUP_COLORS["full"], label="full fine-tuning")
     ax.semilogx(Ts, [r.lora_peak_bytes / 2**30 for r in rows], "s-", base=2,
                 color=SETUP_COLORS["LoRA"], label="LoRA r=8 on q, v")
     ax.semilogx(Ts, [r.lora_activation_bytes / 2**30 for r in rows], "s:", base=2,
                 color=SETUP_COLORS["LoRA"], label="of which LoRA's saved activations")
-    ax.set_xlabel("sequence length T")
     ax.set_ylabel("estimated peak (GiB)")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     ax2.semilogx(Ts, [r.lora_over_full for r in rows], "o-", base=2, color=SETUP_COLORS["LoRA"],
                  label="LoRA's peak / full's")
     ax2.semilogx(Ts, [r.activation_share for r in rows], "s--", base=2,
@@ -120,11 +132,16 @@ def lora_context(sweep, title: str | None = None):
     ax2.set_xlabel("sequence length T")
     ax2.set_ylabel("ratio")
     ax2.set_ylim(0, 1)
-    ax2.legend(fontsize=8)
-    fig.suptitle(title or f"{sweep.model}, batch {sweep.batch_size}: LoRA against full "
+    ax2.legend(fontsize=9)
+    fig.suptitle(title or f"{sweep.model}, batch {sweep.batch_size}: LoRA against full\n"
                  "fine-tuning as the context grows (estimated)", fontsize=10)
     fig.tight_layout()
-    return fig
+    first, last = rows[0], rows[-1]
+    return describe(fig, (
+        f"LoRA's estimated peak over full fine-tuning's goes from {first.lora_over_full:.2f} at "
+        f"T = {first.seq_len:,} to {last.lora_over_full:.2f} at T = {last.seq_len:,}; saved "
+        f"activations are {first.activation_share:.0%} of LoRA's peak at first and "
+        f"{last.activation_share:.0%} at the end"))
 
 
 def fit_grid(fit, title: str | None = None):
@@ -166,4 +183,4 @@ def fit_grid(fit, title: str | None = None):
     ax.set_title(title or f"Batch {fit.batch_size} x {fit.seq_len} tokens: estimated peak and "
                  "the smallest GPU that fits", fontsize=10)
     fig.tight_layout()
-    return fig
+    return describe(fig)

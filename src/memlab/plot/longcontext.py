@@ -14,6 +14,7 @@ from memlab.longcontext.budget import BudgetTable
 from memlab.longcontext.chunked import ChunkSweep
 from memlab.longcontext.offload import OffloadStudy
 from memlab.longcontext.where import LengthTable
+from memlab.plot.alt import describe
 from memlab.plot.panels import (
     ESTIMATED_COLOR,
     MEASURED_COLOR,
@@ -24,7 +25,7 @@ from memlab.plot.panels import (
     pick_unit,
     plain_log_ticks,
 )
-from memlab.plot.style import style
+from memlab.plot.style import MAX_FIGURE_WIDTH_IN, style
 
 PIECE_STYLE = {  # field of a LengthRow: label, colour, line style
     "logits_bytes": ("logits (head and loss, at their highest)", "tab:red", "-"),
@@ -42,7 +43,7 @@ def long_context_pieces(table, axes=None, unit: str = "GiB", title: str | None =
         raise MemlabError("long_context_pieces needs a table with at least one row")
     unit, scale = pick_unit(unit, max(r.blocks_bytes for r in table.rows))
     style()
-    fig, axs, made = many_axes(axes, 2, (10.0, 4.0))
+    fig, axs, made = many_axes(axes, 2, (MAX_FIGURE_WIDTH_IN, 7.4))
     for ax, ckpt in zip(axs, (False, True), strict=True):
         rows = [r for r in table.rows if r.checkpointing == ckpt]
         xs = [r.seq_len for r in rows]
@@ -57,11 +58,11 @@ def long_context_pieces(table, axes=None, unit: str = "GiB", title: str | None =
         ax.set_xlabel("sequence length T (tokens)")
         ax.set_ylabel(f"bytes ({unit}), estimated")
         ax.set_title("full checkpointing" if ckpt else "no checkpointing", fontsize=9)
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=9, loc="upper left")
     finish(fig, made, title, (
         f"{table.model} ({table.vocab_size:,}-entry vocabulary), batch {table.batch_size}, "
         f"{table.precision}: what grows with T"))
-    return fig
+    return describe(fig)
 
 
 def chunk_sweep(sweep, ax=None, unit: str | None = None, title: str | None = None):
@@ -88,7 +89,7 @@ def chunk_sweep(sweep, ax=None, unit: str | None = None, title: str | None = Non
     finish(fig, made, title, (
         f"{s['model']} (vocabulary {s['vocab_size']:,}), batch {s['batch_size']} x "
         f"{s['seq_len']}, {s['precision']}, on {sweep.device}"), ax)
-    return fig
+    return describe(fig)
 
 
 def offload_cut(study, ax=None, title: str | None = None):
@@ -110,7 +111,7 @@ def offload_cut(study, ax=None, title: str | None = None):
     ax.set_ylabel("peak saved by offloading (%), estimated")
     ax.legend(fontsize=8)
     finish(fig, made, title, f"{study.model}, {study.precision}, full checkpointing", ax)
-    return fig
+    return describe(fig)
 
 
 def budget_frontier(table, ax=None, unit: str | None = None, title: str | None = None):
@@ -137,4 +138,4 @@ def budget_frontier(table, ax=None, unit: str | None = None, title: str | None =
     ax.set_ylabel(f"saved for the backward ({unit}), measured")
     ax.legend(fontsize=8)
     finish(fig, made, title, "Recomputation: the compiler's budgets and the hand-written plans", ax)
-    return fig
+    return describe(fig)

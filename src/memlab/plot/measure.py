@@ -5,6 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from memlab.errors import check_choice
+from memlab.plot.alt import describe
 from memlab.plot.style import CATEGORY_COLORS, CATEGORY_LABELS, as_dict, style
 from memlab.units import UNITS
 
@@ -51,7 +52,7 @@ def _category_bars(bars: dict[str, dict], unit: str, title: str | None):
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def step_phases(step, unit: str | None = None, title: str | None = None):

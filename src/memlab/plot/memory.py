@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from memlab.plot.alt import describe
 from memlab.plot.style import CATEGORY_COLORS, style
 
 
@@ -33,7 +34,7 @@ def bytes_per_param(curves: dict, rules: dict | None = None, title: str | None =
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def error_histogram(errors: list[float], limit: float = 0.03, title: str | None = None):
@@ -49,7 +50,7 @@ def error_histogram(errors: list[float], limit: float = 0.03, title: str | None 
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def ratio_heatmap(ratios, *, title: str | None = None, center: float = 1.0,
@@ -87,4 +88,4 @@ def ratio_heatmap(ratios, *, title: str | None = None, center: float = 1.0,
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return fig
+    return describe(fig)

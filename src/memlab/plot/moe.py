@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from memlab.errors import MemlabError
+from memlab.plot.alt import describe
 from memlab.plot.panels import finish, one_ax, pick_unit
 from memlab.plot.style import style
 
@@ -54,4 +55,4 @@ def expert_parallel_share(rows, ax=None, unit: str | None = None, title: str | N
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     finish(fig, made, title, f"One rank of expert parallelism, {rows[0]['precision']}, "
                              f"{rows[0]['tokens']:,} tokens per rank")
-    return fig
+    return describe(fig)

@@ -49,10 +49,14 @@ def one_ax(ax, figsize: tuple[float, float]):
 
 
 def many_axes(axes, n: int, figsize: tuple[float, float]):
-    """(figure, list of n axes, whether this call made the figure) (chapter: 7)."""
+    """(figure, list of n axes, whether this call made the figure) (chapter: 7).
+
+    Axes this call makes are stacked, one above the other, so the figure reads at the column's
+    width (:data:`memlab.plot.style.MAX_FIGURE_WIDTH_IN`).
+    """
     if axes is None:
-        fig, made = plt.subplots(1, n, figsize=figsize, squeeze=False)
-        return fig, list(made[0]), True
+        fig, made = plt.subplots(n, 1, figsize=figsize, squeeze=False)
+        return fig, list(made[:, 0]), True
     flat = list(np.ravel(np.asarray(axes, dtype=object))) if not isinstance(axes, Axes) \
         else [axes]
     if len(flat) != n or not all(isinstance(a, Axes) for a in flat):

@@ -17,6 +17,7 @@ from memlab.compute.hardware import ACCELERATORS, Accelerator, get_accelerator
 from memlab.compute.offload import OffloadTable
 from memlab.compute.plan import MemoryPlan
 from memlab.errors import MemlabError, check_positive_int
+from memlab.plot.alt import describe
 from memlab.plot.panels import (
     COUNTED_COLOR,
     check_type,
@@ -81,7 +82,7 @@ def offload_costs(table, ax=None, title: str | None = None):
         f" x {table.seq_len} per GPU, {table.precision}; link "
         f"{table.link_bytes_per_s / UNITS['GB']:g} GB/s and peak "
         f"{table.peak_flops / 1e12:g} TFLOP/s quoted"), ax)
-    return fig
+    return describe(fig)
 
 
 # 8. The planner ------------------------------------------------------------------------------
@@ -128,7 +129,7 @@ def plan_costs(plan, limit: int = 12, ax=None, title: str | None = None):
         f"Cheapest set-ups for {plan.model} on {plan.gpu} ({usable:.1f} GiB "
         f"usable), global batch {plan.global_batch} x {plan.seq_len}: "
         f"estimated (MFU {plan.mfu:.0%}, no overlap); at each bar: its per-GPU peak"), ax)
-    return fig
+    return describe(fig)
 
 
 # 9. Accelerators -----------------------------------------------------------------------------
@@ -193,4 +194,4 @@ earlier one is written below its point.
     ax.legend(handles=handles, fontsize=8, loc="upper left")
     finish(fig, made, title, "Accelerators: memory and dense 16-bit peak, quoted from "
                                 "datasheets and vendors' documentation", ax)
-    return fig
+    return describe(fig)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from memlab.errors import check_choice
-from memlab.plot.style import CATEGORY_COLORS, as_dict, style
+from memlab.plot.alt import describe
+from memlab.plot.style import CATEGORY_COLORS, MAX_FIGURE_WIDTH_IN, as_dict, style
 from memlab.units import UNITS
 
 # Chapter 2: mixed precision ---------------------------------------------------------------------
@@ -38,10 +39,10 @@ def loss_curves(result, title: str | None = None):
     style()
     d = as_dict(result)
     settings = d["settings"]
-    fig, axes = plt.subplots(1, len(settings), figsize=(4.6 * len(settings), 3.6), sharey=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(len(settings), 1, figsize=(MAX_FIGURE_WIDTH_IN, 1.4 + 2.7 * len(settings)),
+                             sharex=True, sharey=True, squeeze=False)
     best = d["task"]["entropy_nats"]
-    for ax, s in zip(axes[0], settings, strict=True):
+    for ax, s in zip(axes[:, 0], settings, strict=True):
         for run in s["runs"]:
             loss = [float("nan") if x is None else x for x in run["loss"]]
             color = MODE_COLORS.get(run["mode"], "0.5")
@@ -56,22 +57,31 @@ def loss_curves(result, title: str | None = None):
         ax.axhline(best, color="0.5", ls=":", lw=1)
         ax.annotate("best possible (entropy of the chain)", (0.98, best), ha="right",
                     va="bottom", xycoords=("axes fraction", "data"), fontsize=8, color="0.4")
-        ax.set_xlabel("step")
+        ax.set_ylabel("training loss (nats)")
         divisor = s["loss_divisor"]
         ax.set_title(f"loss / {divisor:,}: {s['tokens_per_gradient']:,} tokens per gradient"
                      if divisor > 1 else f"mean over {s['tokens_per_gradient']:,} tokens",
                      fontsize=10)
-    axes[0][0].set_ylabel("training loss (nats)")
+    axes[-1][0].set_xlabel("step")
     handles = {}
-    for ax in axes[0]:
+    for ax in axes[:, 0]:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, h)
-    fig.legend(handles.values(), handles.keys(), loc="center left", bbox_to_anchor=(0.86, 0.5),
-               fontsize=8)
+    ncol = 3
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=ncol, fontsize=9)
     if title:
         fig.suptitle(title, fontweight="bold")
-    fig.tight_layout(rect=(0, 0, 0.86, 1))
-    return fig
+    legend_in = 0.25 * -(-len(handles) // ncol) + 0.1
+    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
+    said = []
+    for s in settings:
+        last = {run["mode"]: next((x for x in reversed(run["loss"]) if x is not None), None)
+                for run in s["runs"]}
+        said.append(f"with {s['tokens_per_gradient']:,} tokens per gradient, the last step's "
+                    "loss is " + ", ".join(f"{m} {v:.3f}" if v is not None else f"{m} none"
+                                           for m, v in last.items()))
+    return describe(fig, f"Training loss per step against the best possible {best:.3f} nats; "
+                    + "; ".join(said))
 
 
 def gradient_histogram(result, setting: str | None = None, mode: str = "fp32",
@@ -128,7 +138,7 @@ def gradient_histogram(result, setting: str | None = None, mode: str = "fp32",
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def memory_phase_parts(row: dict, phase: str) -> dict[str, int]:
@@ -170,8 +180,11 @@ def memory_by_mode(result, which: str = "large", unit: str | None = None,
     batches = {r["batch_size"] for r in rows}
     phases = list(PHASE_SHORT)
     gap = 1.0
-    width = min(14.0, max(8.0, 0.62 * len(rows) * (len(phases) + gap)))
-    fig, ax = plt.subplots(figsize=(width, 4.4))
+    # up to five modes at the column's width, their legend below; more get wider
+    narrow = len(rows) <= 5
+    width = MAX_FIGURE_WIDTH_IN if narrow else \
+        min(14.0, max(8.0, 0.62 * len(rows) * (len(phases) + gap)))
+    fig, ax = plt.subplots(figsize=(width, 5.4 if narrow else 4.4))
     xs, tick_labels, bars = [], [], []  # one entry per bar: (row, phase)
     for i, r in enumerate(rows):
         for j, phase in enumerate(phases):
@@ -207,12 +220,19 @@ def memory_by_mode(result, which: str = "large", unit: str | None = None,
     ax.set_xlabel(f"{how}: {model}, {shape}; peak of each mode labelled ({unit}, x fp32's)",
                   labelpad=26)
     ax.set_ylim(0, max(bottom + [1e-9]) * 1.18)
-    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    if narrow:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, fontsize=9)
+    else:
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     ax.grid(axis="x", visible=False)
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return fig
+    peaks = "; ".join(f"{r['mode']}" + (f", batch {r['batch_size']}," if len(batches) > 1 else "")
+                      + f" {r['peak_bytes'] / scale:,.2f} {unit}" + (
+        f" ({r['peak_ratio_to_fp32']:.2f}x fp32's)" if r.get("peak_ratio_to_fp32") else "")
+        for r in rows)
+    return describe(fig, f"Peak of a step by mode, {how}: {peaks}")
 
 
 # Number formats (chapter 2) -------------------------------------------------------------------
@@ -250,7 +270,7 @@ def format_ranges(thresholds: dict, title: str | None = None):
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def representable_values(values: dict, log: bool = True, title: str | None = None):
@@ -261,8 +281,12 @@ def representable_values(values: dict, log: bool = True, title: str | None = Non
     style()
     names = list(values)
     fig, ax = plt.subplots(figsize=(8.0, 0.8 + 0.5 * len(names)))
+    said = []
     for i, name in enumerate(names):
         v = [float(x) for x in values[name]]
+        pos = [x for x in v if x > 0]
+        said.append(f"{name} {len(v):,} values" + (
+            f", the positive ones from {min(pos):.3g} to {max(pos):.3g}" if pos else ""))
         ax.vlines(v, i - 0.3, i + 0.3, color=FORMAT_COLORS.get(name, "0.3"), lw=0.8)
         ax.annotate(f"{len(v)} values", (1, i), xycoords=("axes fraction", "data"),
                     xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
@@ -275,7 +299,7 @@ def representable_values(values: dict, log: bool = True, title: str | None = Non
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return fig
+    return describe(fig, "Every value each format can represent, one tick each: " + "; ".join(said))
 
 
 def relative_error_curves(curves: dict, eps: dict | None = None, bins: int = 300,
@@ -308,4 +332,4 @@ def relative_error_curves(curves: dict, eps: dict | None = None, bins: int = 300
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return fig
+    return describe(fig)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from memlab.plot.style import style
+from memlab.plot.alt import describe
+from memlab.plot.style import MAX_FIGURE_WIDTH_IN, style
 
 
 # Chapter 3: quantization ---------------------------------------------------------------------------
@@ -22,7 +23,7 @@ def quant_levels(x, schemes: dict, title: str | None = None):
 
     style()
     x = torch.as_tensor(x).flatten().float()
-    fig, axes = plt.subplots(len(schemes), 1, figsize=(8, 1.5 * len(schemes)), sharex=True,
+    fig, axes = plt.subplots(len(schemes), 1, figsize=(MAX_FIGURE_WIDTH_IN, 1.5 * len(schemes)), sharex=True,
                              squeeze=False)
     for ax, (label, (levels, back)) in zip(axes[:, 0], schemes.items(), strict=True):
         for v in torch.as_tensor(levels).flatten().tolist():
@@ -37,7 +38,7 @@ def quant_levels(x, schemes: dict, title: str | None = None):
     axes[-1, 0].set_xlabel("value (grey lines: the levels the codes stand for)")
     fig.suptitle(title or "What a scheme can store", fontsize=10)
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 SCHEME_STYLE = {  # scheme family -> (color, markers in order of appearance)
@@ -81,7 +82,7 @@ def scheme_tradeoff(comparison, title: str | None = None):
     ax.set_ylabel("held-out loss minus fp32's (nats)")
     ax.set_title(title or "Quality against bits on the book's model: paired difference +- 2 SE")
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def layer_errors(comparison, schemes=None, title: str | None = None):
@@ -100,7 +101,7 @@ def layer_errors(comparison, schemes=None, title: str | None = None):
     ax.legend(fontsize=7, ncols=2)
     ax.set_title(title or "Output error per layer (held-out inputs)")
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def outlier_sweep(study, title: str | None = None):
@@ -120,7 +121,7 @@ def outlier_sweep(study, title: str | None = None):
     ax.legend(fontsize=8)
     ax.set_title(title or f"{study.sweep_layer}: outlier features and int8")
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def optimizer_curves(comparison, title: str | None = None):
@@ -136,7 +137,7 @@ def optimizer_curves(comparison, title: str | None = None):
     ax.legend(fontsize=8)
     ax.set_title(title or "AdamW against 8-bit AdamW")
     fig.tight_layout()
-    return fig
+    return describe(fig)
 
 
 def gptq_propagation(layer_run, title: str | None = None):
@@ -154,7 +155,7 @@ def gptq_propagation(layer_run, title: str | None = None):
     tr = layer_run.run
     W, seen, Wq, R = (t.float() for t in (tr.weight, tr.seen, tr.quantized, layer_run.rtn))
     n = W.shape[1]
-    fig, axes = plt.subplots(3, 1, figsize=(8, 8.2), sharex=True, layout="constrained",
+    fig, axes = plt.subplots(3, 1, figsize=(MAX_FIGURE_WIDTH_IN, 8.4), sharex=True, layout="constrained",
                              gridspec_kw={"height_ratios": [1.3, 1, 1]})
 
     update = (seen - W).numpy()  # (out, in)
@@ -197,4 +198,4 @@ def gptq_propagation(layer_run, title: str | None = None):
     fig.suptitle(title or f"GPTQ {layer_run.bits}-bit on {layer_run.layer}: error passed "
                  f"on to later columns (lazy blocks of {tr.blocksize}, groups of "
                  f"{tr.group_size})", fontsize=10)
-    return fig
+    return describe(fig)

@@ -22,6 +22,7 @@ from memlab.compute.flops import matmul_parameters, palm_flops, six_nd, step_flo
 from memlab.errors import MemlabError, check_choice, check_positive_int
 from memlab.model.checkpoint import parse_checkpointing
 from memlab.model.config import ModelConfig, get_config
+from memlab.plot.alt import describe
 from memlab.plot.panels import (
     COUNTED_COLOR,
     ESTIMATED_COLOR,
@@ -33,7 +34,7 @@ from memlab.plot.panels import (
     one_ax,
     pick_unit,
 )
-from memlab.plot.style import style
+from memlab.plot.style import MAX_FIGURE_WIDTH_IN, style
 
 # The three named plans of a checkpointing curve: colour, marker.
 PLAN_STYLE = {"none": ("black", "o"), "selective": ("tab:purple", "s"), "full": ("tab:red", "D")}
@@ -87,6 +88,7 @@ def flops_over_seq_len(models, seq_lens, ax=None, title: str | None = None):
         raise MemlabError("flops_over_seq_len needs at least one sequence length")
     style()
     fig, ax, made = one_ax(ax, (7.0, 4.2))
+    said = []
     for i, cfg in enumerate(cfgs):
         own = [T for T in Ts if cfg.max_seq_len >= T]
         if not own:
@@ -101,6 +103,8 @@ def flops_over_seq_len(models, seq_lens, ax=None, title: str | None = None):
         ax.plot(own, counted, "o-", color=color, markersize=4,
                 label=f"{cfg.name}: counted ({cfg.attention})")
         ax.plot(own, palm, "--", color=color, label=f"{cfg.name}: PaLM's (6N + 12LCT)D")
+        said.append(f"{cfg.name} {counted[0]:.2f} at {own[0]:,} tokens" + (
+            f" to {counted[-1]:.2f} at {own[-1]:,}" if len(own) > 1 else ""))
     ax.axhline(1.0, color="0.3", lw=1, linestyle=":", label="6ND")
     ax.set_xscale("log", base=2)
     ax.set_xticks(Ts, [f"{T:,}" for T in Ts], fontsize=8)
@@ -110,7 +114,7 @@ def flops_over_seq_len(models, seq_lens, ax=None, title: str | None = None):
     ax.legend(fontsize=8)
     finish(fig, made, title, "Training FLOPs over 6ND: counted (FlopCounterMode's count, "
                                 "from the shapes) and PaLM's formula", ax)
-    return fig
+    return describe(fig, "Counted training FLOPs over 6ND, batch 1: " + "; ".join(said))
 
 
 # 2. The checkpointing curve ------------------------------------------------------------------
@@ -185,7 +189,7 @@ def checkpoint_curve(curve, ax=None, memory: str = "backward", unit: str | None 
     finish(fig, made, title, (
         f"Checkpointing plans of {s['model']}, batch {s['batch_size']} x {s['seq_len']}, "
         f"{s['precision']}: {what} (estimated) against FLOPs added (counted)"), ax)
-    return fig
+    return describe(fig)
 
 
 # 3. Checkpointing measured -------------------------------------------------------------------
@@ -216,7 +220,7 @@ def checkpoint_costs(costs, axes=None, unit: str | None = None, whole: bool = Fa
     unit, scale = pick_unit(unit, max(max(p.saved_bytes, p.estimated_saved_bytes)
                                   for p in plans))
     style()
-    fig, (ax, ax2), made = many_axes(axes, 2, (10.5, 4.0))
+    fig, (ax, ax2), made = many_axes(axes, 2, (MAX_FIGURE_WIDTH_IN, 7.6))
     xs = np.arange(len(plans))
     ax.bar(xs, [p.saved_bytes / scale for p in plans], width=0.6, color=MEASURED_COLOR,
            label="measured")
@@ -225,7 +229,7 @@ def checkpoint_costs(costs, axes=None, unit: str | None = None, whole: bool = Fa
     ax.set_xticks(xs, names, fontsize=8)
     ax.set_ylabel(f"saved activations ({unit})")
     ax.set_title("bytes saved for the backward pass", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     w = 0.38
     ax2.bar(xs - w / 2, time_x, width=w, color=MEASURED_COLOR, label="time per step, measured")
     ax2.bar(xs + w / 2, flops_x, width=w, color=COUNTED_COLOR, label="FLOPs, counted")
@@ -233,13 +237,16 @@ def checkpoint_costs(costs, axes=None, unit: str | None = None, whole: bool = Fa
     ax2.set_xticks(xs, names, fontsize=8)
     ax2.set_ylabel("ratio to no checkpointing")
     ax2.set_title("cost against 'none'" + (" (early stop off)" if whole else ""), fontsize=9)
-    ax2.legend(fontsize=8, loc="upper left")
+    ax2.legend(fontsize=9, loc="upper left")
+    said = "; ".join(f"{p.plan} saves {p.saved_bytes / scale:,.3g} {unit} at {t:.2f}x the time "
+                     f"and {f:.2f}x the FLOPs" for p, t, f in zip(plans, time_x, flops_x,
+                                                                  strict=True))
     s = costs.setup
     finish(fig, made, title, (
         f"Checkpointing {s['model']} ({s['parameters']:,} parameters) on "
         f"{costs.device} ({costs.scale} scale), batch {s['batch_size']} x "
         f"{s['seq_len']}, {s['precision']}: bytes and time measured, FLOPs counted"))
-    return fig
+    return describe(fig, f"Against no checkpointing, measured: {said}")
 
 
 # 4-5. Gradient accumulation ----------------------------------------------------------------
@@ -260,7 +267,7 @@ def accumulation_sweep(sweep, axes=None, unit: str | None = None, title: str | N
     unit, scale = pick_unit(unit, max(max(r.measured_peak_bytes,
                                       r.estimated_peak_bytes) for r in rows))
     style()
-    fig, (ax, ax2), made = many_axes(axes, 2, (10.0, 3.9))
+    fig, (ax, ax2), made = many_axes(axes, 2, (MAX_FIGURE_WIDTH_IN, 7.2))
     xs = np.arange(len(rows))
     ticks = [f"{r.micro_batch} x {r.grad_accum_steps}" for r in rows]
     ax.bar(xs, [r.measured_peak_bytes / scale for r in rows], width=0.6,
@@ -271,7 +278,7 @@ def accumulation_sweep(sweep, axes=None, unit: str | None = None, title: str | N
     ax.set_xlabel("micro-batch size m x micro-batches k")
     ax.set_ylabel(f"peak of a step ({unit})")
     ax.set_title("peak bytes", fontsize=9)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=9, loc="lower left")
     ax2.bar(xs, [r.ms_per_sample for r in rows], width=0.6, color=MEASURED_COLOR,
             label="measured")
     ax2.set_xticks(xs, ticks)
@@ -282,7 +289,7 @@ def accumulation_sweep(sweep, axes=None, unit: str | None = None, title: str | N
         f"Gradient accumulation on {sweep.device}: {sweep.model} "
         f"({sweep.parameters:,} parameters), global batch {sweep.global_batch} "
         f"x seq {sweep.seq_len}, {sweep.precision}"))
-    return fig
+    return describe(fig)
 
 
 
@@ -325,4 +332,4 @@ def accumulation_buffer(buffer, ax=None, title: str | None = None):
         f"micro-batch {buffer.micro_batch_size} x seq {buffer.seq_len}; "
         f"the fp32 buffer costs {extra:,} bytes measured "
         f"({buffer.extra_bytes_counted:,} counted)"), ax)
-    return fig
+    return describe(fig)

@@ -26,12 +26,13 @@ from memlab.compute.scaling import (
     n_opt_exponent,
 )
 from memlab.errors import MemlabError
+from memlab.plot.alt import describe
 from memlab.plot.panels import (
     check_type,
     finish,
     many_axes,
 )
-from memlab.plot.style import style
+from memlab.plot.style import MAX_FIGURE_WIDTH_IN, style
 
 HOFFMANN_PARAMS_RANGE_QUOTED = (70e6, 16e9)
 """Smallest and largest parameter counts Hoffmann et al. 2022 trained ("from 70 million to over
@@ -59,12 +60,12 @@ def scaling_fit(grid, axes=None, title: str | None = None):
 
     The grid's compute-optimal N against C; the quoted fits' N_opt(C) in a panel of their own.
 
-    ``grid`` is a :class:`memlab.compute.grid.ScalingGrid`. Left: the measured held-out loss
+    ``grid`` is a :class:`memlab.compute.grid.ScalingGrid`; the panels are stacked. Top: the measured held-out loss
     of every run (one colour per model size) against its tokens, the E-free fit of L(N, D) as
     lines, the task's entropy (exact) dashed and the fitted E dotted with its bootstrap
     interval shaded. Middle: N_opt(C) of both fits (E free, E fixed to the entropy) over the
     grid's FLOPs, the grid's budgets marked with their bootstrap intervals, the runs as grey
-    dots. Right: the quoted fits (:data:`memlab.compute.scaling.PUBLISHED`), solid where their
+    dots. Bottom: the quoted fits (:data:`memlab.compute.scaling.PUBLISHED`), solid where their
     N_opt lies inside the parameter range Hoffmann et al. trained
     (:data:`HOFFMANN_PARAMS_RANGE_QUOTED`), dashed on to Chinchilla's quoted budget, Chinchilla
     itself marked.
@@ -81,9 +82,9 @@ def scaling_fit(grid, axes=None, title: str | None = None):
     free, fixed = grid.fit_free, grid.fit_fixed
     entropy = grid.entropy_nats
     style()
-    fig, (ax, ax2, ax3), made = many_axes(axes, 3, (14.5, 4.4))
+    fig, (ax, ax2, ax3), made = many_axes(axes, 3, (MAX_FIGURE_WIDTH_IN, 12.6))
 
-    # Left: loss against tokens.
+    # Top: loss against tokens.
     sizes = sorted({r.n_params for r in runs})
     cmap = plt.get_cmap("viridis")
     tokens = np.array([r.tokens for r in runs], dtype=np.float64)
@@ -105,7 +106,7 @@ def scaling_fit(grid, axes=None, title: str | None = None):
     ax.set_xlabel("tokens seen in training D")
     ax.set_ylabel("held-out loss (nats)")
     ax.set_title("loss against tokens; lines: the E-free fit", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=9)
 
     # Middle: the grid's fits, compute-optimal N against C.
     flops = np.array([r.flops for r in runs], dtype=np.float64)
@@ -139,9 +140,9 @@ def scaling_fit(grid, axes=None, title: str | None = None):
     ax2.set_xlabel("compute budget C = 6ND (FLOPs)")
     ax2.set_ylabel("compute-optimal parameters N_opt")
     ax2.set_title("this grid's fits (bars: bootstrap intervals)", fontsize=9)
-    ax2.legend(fontsize=7)
+    ax2.legend(fontsize=9)
 
-    # Right: the quoted fits over their own range.
+    # Bottom: the quoted fits over their own range.
     n_lo, n_hi = HOFFMANN_PARAMS_RANGE_QUOTED
     for i, law in enumerate(PUBLISHED.values()):
         a = n_opt_exponent(law)
@@ -161,8 +162,20 @@ def scaling_fit(grid, axes=None, title: str | None = None):
     ax3.set_xlabel("compute budget C (FLOPs)")
     ax3.set_ylabel("compute-optimal parameters N_opt")
     ax3.set_title("quoted fits (dashed: past the sizes they trained)", fontsize=9)
-    ax3.legend(fontsize=7, loc="upper left")
+    ax3.legend(fontsize=9, loc="upper left")
     finish(fig, made, title, (
         f"A scaling law fitted on {len(runs)} runs measured on {grid.device}, beside "
         "the quoted fits"))
-    return fig
+    slopes = []
+    for fit, label in ((free, "E free"), (fixed, "E fixed to the entropy")):
+        try:
+            slopes.append(f"C^{n_opt_exponent(fit):.2f} ({label})")
+        except MemlabError:
+            slopes.append(f"no optimum ({label})")
+    quoted = ", ".join(f"{law.name} C^{n_opt_exponent(law):.2f}" for law in PUBLISHED.values())
+    return describe(fig, (
+        f"{len(runs)} runs of {len(sizes)} model sizes: held-out loss falls from "
+        f"{max(r.loss for r in runs):.3f} to {min(r.loss for r in runs):.3f} nats; the fitted "
+        f"E is {free.E:.3f} [{lo:.3f}, {hi:.3f}] against the task's exact entropy "
+        f"{entropy:.3f}; the compute-optimal size grows as " + " and ".join(slopes)
+        + f"; the quoted fits: {quoted}"))

@@ -8,6 +8,11 @@ import matplotlib.pyplot as plt
 
 from memlab.errors import MemlabError
 
+MAX_FIGURE_WIDTH_IN = 7.2
+"""The widest a figure of more than one panel is drawn, in inches: at the style's 110 dpi about the
+book's text column (~700 px), so its 9-10 pt text stays 9-10 pt on the page; its panels are stacked
+to fit it (chapter: all)."""
+
 # One colour per memory category, used on every page.
 CATEGORY_COLORS = {
     "parameters": "#4C72B0",

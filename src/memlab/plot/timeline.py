@@ -7,6 +7,7 @@ from bisect import bisect_left
 import matplotlib.pyplot as plt
 
 from memlab.errors import check_choice
+from memlab.plot.alt import describe
 from memlab.plot.style import CATEGORY_COLORS, CATEGORY_LABELS, as_dict, style
 from memlab.units import UNITS
 
@@ -87,4 +88,4 @@ def memory_timeline(timeline, unit: str | None = None, title: str | None = None,
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return fig
+    return describe(fig)
