@@ -24,8 +24,17 @@ def png_description(path: Path) -> str:
         return ""
 
 
-def _image_path(app, docname: str, uri: str) -> Path:
-    """The file an image node's uri names: from the source folder ('/...') or the page's."""
+def _image_path(app, docname: str, node) -> Path:
+    """The file an image node names.
+
+    Sphinx's image collector, which runs before this hook, rewrites the uri relative to the
+    source folder and keeps it in ``candidates``; before it, a uri is from the source folder
+    ('/...', as myst-nb writes its outputs) or the page's.
+    """
+    found = node.get("candidates", {}).get("*")
+    if found:
+        return Path(app.srcdir) / found
+    uri = node.get("uri", "")
     if uri.startswith("/"):
         return Path(app.srcdir) / uri.lstrip("/")
     return (Path(app.srcdir) / docname).parent / uri
@@ -39,7 +48,7 @@ def _alt_from_png(app, doctree) -> None:
         uri = node.get("uri", "")
         if node.get("alt") or not uri.lower().endswith(".png") or "://" in uri:
             continue
-        alt = png_description(_image_path(app, docname, uri))
+        alt = png_description(_image_path(app, docname, node))
         if alt:
             node["alt"] = alt
 

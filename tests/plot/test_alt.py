@@ -231,3 +231,37 @@ def test_the_book_build_reads_the_alt_text_out_of_the_png(tmp_path):
     assert png_description(tmp_path / "f.png") == metadata["alt"] == figure_alt(fig)
     (tmp_path / "g.png").write_bytes(b"not a png")
     assert png_description(tmp_path / "g.png") == ""
+
+
+@pytest.mark.parametrize("page", ["intro", "chapters/01_where_the_memory_goes"])
+@pytest.mark.parametrize("collected", [True, False], ids=["after-collector", "myst-nb-uri"])
+def test_a_pages_image_gets_the_alt_of_the_png_its_uri_names(tmp_path, page, collected):
+    """The hook finds myst-nb's output file from a page in a folder too, before or after Sphinx's
+    image collector rewrote the uri relative to the source folder."""
+    from types import SimpleNamespace
+
+    from docutils import nodes
+    from docutils.frontend import get_default_settings
+    from docutils.parsers.rst import Parser
+    from docutils.utils import new_document
+    from PIL import Image
+    from PIL.PngImagePlugin import PngInfo
+
+    sys.path.insert(0, str(REPO / "_ext"))
+    try:
+        from memlab_alt import _alt_from_png
+    finally:
+        sys.path.remove(str(REPO / "_ext"))
+    png = tmp_path / "_build" / "jupyter_execute" / "abc.png"
+    png.parent.mkdir(parents=True)
+    info = PngInfo()
+    info.add_text("Description", "A line chart of bytes against tokens.")
+    Image.new("RGB", (2, 2)).save(png, pnginfo=info)
+    rel = "_build/jupyter_execute/abc.png"
+    image = (nodes.image(uri=rel, candidates={"*": rel}) if collected
+             else nodes.image(uri="/" + rel))
+    doctree = new_document("page", get_default_settings(Parser))
+    doctree += image
+    app = SimpleNamespace(srcdir=str(tmp_path), env=SimpleNamespace(docname=page))
+    _alt_from_png(app, doctree)
+    assert image["alt"] == "A line chart of bytes against tokens."
